@@ -1,0 +1,71 @@
+"""blobsvc: a BLOB server for Spark pipelines and the clients that fetch from it.
+
+The public names are re-exported here; everything else is private to its module.
+"""
+
+from ._exceptions import (
+    AuthFailed,
+    AuthRequired,
+    BadOffset,
+    BadRequest,
+    BlobError,
+    Busy,
+    ConnectError,
+    ConnectionClosed,
+    ConnectTimeout,
+    DigestMismatch,
+    InsufficientStorage,
+    InternalError,
+    LocalProtocolError,
+    NotFound,
+    NotLeader,
+    ProtocolError,
+    ReadTimeout,
+    RemoteProtocolError,
+    ServerError,
+    Timeout,
+    TooLarge,
+    TransportError,
+    UnsupportedVersion,
+    WriteTimeout,
+)
+from ._ids import digest_of, new_job_id
+from .client import AsyncBlobClient, BlobClient, BlobInfo
+from .config import Settings
+from .server import BlobServer
+from .storage import BlobStorage
+
+__all__ = [
+    "AsyncBlobClient",
+    "AuthFailed",
+    "AuthRequired",
+    "BadOffset",
+    "BadRequest",
+    "BlobClient",
+    "BlobError",
+    "BlobInfo",
+    "BlobServer",
+    "BlobStorage",
+    "Busy",
+    "ConnectError",
+    "ConnectTimeout",
+    "ConnectionClosed",
+    "DigestMismatch",
+    "InsufficientStorage",
+    "InternalError",
+    "LocalProtocolError",
+    "NotFound",
+    "NotLeader",
+    "ProtocolError",
+    "ReadTimeout",
+    "RemoteProtocolError",
+    "ServerError",
+    "Settings",
+    "Timeout",
+    "TooLarge",
+    "TransportError",
+    "UnsupportedVersion",
+    "WriteTimeout",
+    "digest_of",
+    "new_job_id",
+]

@@ -1,0 +1,138 @@
+"""The thin I/O layer under both server and client: one non-blocking TCP socket.
+
+Every call takes its own timeout and raises blobsvc's transport errors, never a bare
+``OSError``, so callers see one vocabulary (httpcore's ``map_exceptions`` idea). The server
+sends GET bodies with :meth:`SocketStream.sendfile`, which hands file pages to the kernel
+(``os.sendfile``) and waits for writability itself, so it works on uvloop, whose loop has
+no ``sendfile`` of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+
+from ._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTimeout, WriteTimeout
+
+__all__ = ["SocketStream", "connect"]
+
+# How long a closing side keeps draining what the peer still sends, so that the peer reads
+# our error frame instead of a reset (see "Closing after an error" in docs/protocol.md).
+LINGER_SECONDS = 1.0
+
+
+@contextlib.contextmanager
+def _map_errors(timeout_error: type[Exception]) -> Iterator[None]:
+    try:
+        yield
+    except TimeoutError:
+        raise timeout_error("timed out") from None
+    except (ConnectionError, BrokenPipeError) as exc:
+        raise ConnectionClosed(f"connection lost: {exc.strerror or exc}") from None
+    except OSError as exc:
+        raise ConnectionClosed(f"connection failed: {exc.strerror or exc}") from None
+
+
+class SocketStream:
+    """A connected, non-blocking socket driven by the running event loop."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self._loop = asyncio.get_running_loop()
+
+    @property
+    def peer(self) -> str:
+        try:
+            host, port, *_ = self.sock.getpeername()
+        except OSError:
+            return "?"
+        return f"{host}:{port}"
+
+    async def recv(self, max_bytes: int, timeout: float | None) -> bytes:
+        """Up to ``max_bytes``; ``b""`` when the peer has closed."""
+        with _map_errors(ReadTimeout):
+            async with asyncio.timeout(timeout):
+                return await self._loop.sock_recv(self.sock, max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview, timeout: float | None) -> None:
+        with _map_errors(WriteTimeout):
+            async with asyncio.timeout(timeout):
+                await self._loop.sock_sendall(self.sock, data)
+
+    async def sendfile(self, fd: int, offset: int, count: int, timeout: float) -> None:
+        """Send ``count`` bytes of file ``fd`` from ``offset`` without copying them through
+        Python; ``timeout`` bounds each wait for the peer to take more."""
+        out = self.sock.fileno()
+        with _map_errors(WriteTimeout):
+            while count > 0:
+                try:
+                    sent = os.sendfile(out, fd, offset, min(count, 1 << 30))
+                except BlockingIOError:
+                    async with asyncio.timeout(timeout):
+                        await self._writable()
+                    continue
+                if sent == 0:
+                    raise ConnectionClosed("the file ended before the announced size")
+                offset += sent
+                count -= sent
+
+    async def _writable(self) -> None:
+        ready = self._loop.create_future()
+        fd = self.sock.fileno()
+        self._loop.add_writer(fd, _resolve, ready)
+        try:
+            await ready
+        finally:
+            self._loop.remove_writer(fd)
+
+    async def linger_close(self) -> None:
+        """Close after an error: stop sending, drain what the peer still sends for a moment
+        so that it reads our last frame rather than a reset, then close."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(LINGER_SECONDS):
+                while await self._loop.sock_recv(self.sock, 1 << 16):
+                    pass
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def connect(host: str, port: int, timeout: float) -> SocketStream:
+    """Connect to ``host:port``, trying each address it resolves to."""
+    loop = asyncio.get_running_loop()
+    errors: list[str] = []
+    try:
+        async with asyncio.timeout(timeout):
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            for family, type_, proto, _, address in infos:
+                sock = socket.socket(family, type_, proto)
+                sock.setblocking(False)
+                try:
+                    await loop.sock_connect(sock, address)
+                except OSError as exc:
+                    sock.close()
+                    errors.append(f"{address[0]}: {exc.strerror or exc}")
+                    continue
+                except BaseException:
+                    sock.close()
+                    raise
+                return SocketStream(sock)
+    except TimeoutError:
+        raise ConnectTimeout(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
+    except OSError as exc:
+        raise ConnectError(f"cannot resolve {host}: {exc.strerror or exc}") from None
+    raise ConnectError(f"cannot connect to {host}:{port}: {'; '.join(errors) or 'no address'}")

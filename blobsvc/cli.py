@@ -1,0 +1,285 @@
+"""The ``blobsvc`` command line.
+
+Exit status: 0 on success; 1 with a one-line ``Error: …`` on stderr when the operation
+failed (not found, refused, unreachable); 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from ._exceptions import BlobError
+from .client import AsyncBlobClient, BlobInfo, Progress
+from .config import Settings
+from .server import BlobServer
+
+__all__ = ["main"]
+
+PROGRESS_THRESHOLD = 4 << 20  # smaller transfers finish before a bar is worth drawing
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_T = TypeVar("_T")
+
+
+def _setting_option(name: str, *decls: str, **kwargs: Any) -> Callable[[_F], _F]:
+    """An option for a setting, with the setting's own help text; unset means "not given"."""
+    flag = "--" + name.replace("_", "-")
+    return click.option(flag, *decls, name, default=None, help=Settings.help(name), **kwargs)
+
+
+def client_options(command: _F) -> _F:
+    """The options every command that talks to a server shares."""
+    for name in reversed(("server", "timeout", "connect_timeout", "retries", "secret_file")):
+        command = _setting_option(name, *(["-s"] if name == "server" else []))(command)
+    return command
+
+
+def _settings(ctx: click.Context, options: dict[str, Any]) -> Settings:
+    try:
+        return Settings.load(options, config_file=ctx.obj)
+    except (ValueError, OSError) as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _run(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine on uvloop when it is installed; blobsvc errors exit 1 with one line."""
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(coroutine)
+    except BlobError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _client(settings: Settings) -> AsyncBlobClient:
+    return AsyncBlobClient(
+        settings.server,
+        secret=settings.secret(),
+        connect_timeout=settings.connect_timeout,
+        timeout=settings.timeout,
+        retries=settings.retries,
+    )
+
+
+@contextlib.contextmanager
+def _progress(size: int, label: str) -> Iterator[Progress | None]:
+    """A bar on stderr for transfers worth watching, when a person is watching."""
+    if size < PROGRESS_THRESHOLD or not sys.stderr.isatty():
+        yield None
+        return
+    with click.progressbar(length=size, label=label, file=sys.stderr) as bar:
+        yield bar.update
+
+
+def _blob_args(key: str | None, job: str | None, name: str | None, *, whole_job: bool = False) -> dict[str, Any]:
+    if key is not None and job is None and name is None:
+        return {"key": key}
+    if key is None and job is not None and (name is not None or whole_job):
+        return {"job": job, "name": name}
+    wanted = "a KEY, or --job (with --name for one blob)" if whole_job else "a KEY, or --job and --name"
+    raise click.UsageError(f"name the blob with {wanted}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False, exists=True),
+    envvar="BLOBSVC_CONFIG",
+    help="TOML file of settings (below command-line options and BLOBSVC_* variables).",
+)
+@click.version_option(package_name="blobsvc")
+@click.pass_context
+def main(ctx: click.Context, config: str | None) -> None:
+    """blobsvc: a BLOB server for Spark pipelines, and its clients.
+
+    Keys are 64 hex characters (the BLAKE3 digest of a blob); job ids are 32 hex
+    characters. Every option can also be set as BLOBSVC_<OPTION> or in the --config file.
+    """
+    ctx.obj = config
+
+
+@main.command()
+@_setting_option("host")
+@_setting_option("port")
+@_setting_option("data_dir", type=click.Path(file_okay=False))
+@_setting_option("max_blob_size")
+@_setting_option("max_connections")
+@_setting_option("idle_timeout")
+@_setting_option("io_timeout")
+@_setting_option("shutdown_timeout")
+@_setting_option("secret_file", type=click.Path(dir_okay=False, exists=True))
+@click.option("--verify-on-start/--no-verify-on-start", default=None, help=Settings.help("verify_on_start"))
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
+@click.pass_context
+def serve(ctx: click.Context, /, log_level: str, **options: Any) -> None:
+    """Run a blob server until SIGTERM or SIGINT.
+
+    Prints "listening on HOST:PORT" once it accepts connections. With no options it stores
+    blobs under a local data directory, standalone.
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = _settings(ctx, options)
+    try:
+        _run(_serve(settings))
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+async def _serve(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    server = BlobServer(settings)
+    await server.start()
+    report = server.recovery
+    assert report is not None
+    click.echo(
+        f"serving {report.content_blobs + report.job_blobs} blobs ({report.bytes} bytes) from {settings.data_dir}",
+        err=True,
+    )
+    if report.removed_staging or report.removed_corrupt or report.removed_orphans or report.removed_stray:
+        click.echo(
+            f"removed at start: {report.removed_staging} staging, {len(report.removed_corrupt)} corrupt, "
+            f"{report.removed_orphans} orphaned, {len(report.removed_stray)} stray",
+            err=True,
+        )
+    host, port = server.address
+    click.echo(f"listening on {host}:{port}")
+    sys.stdout.flush()
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal: stop waiting for in-flight requests
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    serving = asyncio.create_task(server.serve_forever())
+    await stop.wait()
+    click.echo("shutting down", err=True)
+    await server.shutdown()
+    serving.cancel()
+
+
+def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Turn ``async def func(client, **args)`` into a click callback that loads the settings."""
+
+    @functools.wraps(func)
+    @click.pass_context
+    def command(ctx: click.Context, /, **args: Any) -> None:
+        setting_names = ("server", "timeout", "connect_timeout", "retries", "secret_file")
+        settings = _settings(ctx, {name: args.pop(name) for name in setting_names})
+
+        async def go() -> None:
+            async with _client(settings) as client:
+                await func(client, **args)
+
+        _run(go())
+
+    return command
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, exists=True))
+@click.option("--job", "-j", help="Store under this job id (needs --name).")
+@click.option("--name", "-n", help="Store under this name within --job.")
+@client_options
+@_client_command
+async def put(client: AsyncBlobClient, file: str, job: str | None, name: str | None) -> None:
+    """Upload FILE ('-' for stdin) and print its key."""
+    if (job is None) != (name is None):
+        raise click.UsageError("--job and --name go together")
+    source: Any = sys.stdin.buffer if file == "-" else Path(file)
+    size = os.stat(file).st_size if file != "-" else 0
+    with _progress(size, "uploading") as progress:
+        key = await client.put(source, job=job, name=name, progress=progress)
+    click.echo(key)
+
+
+@main.command()
+@click.argument("key", required=False)
+@click.option("--job", "-j", help="Job id of a job-scoped blob.")
+@click.option("--name", "-n", help="Name of the blob within --job.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default="-",
+    help="Where to write the blob ('-' is stdout).",
+)
+@client_options
+@_client_command
+async def get(client: AsyncBlobClient, key: str | None, job: str | None, name: str | None, output: str) -> None:
+    """Download a blob, by KEY or by --job and --name, verifying its digest."""
+    which = _blob_args(key, job, name)
+    if output == "-":
+        sys.stdout.buffer.write(await client.get(**which))
+        sys.stdout.flush()
+        return
+    size = (await client.stat(**which)).size if sys.stderr.isatty() else 0
+    with _progress(size, "downloading") as progress:
+        await client.get_file(output, **which, progress=progress)
+
+
+@main.command()
+@click.argument("key", required=False)
+@click.option("--job", "-j", help="Job id; without --name every blob of the job is deleted.")
+@click.option("--name", "-n", help="Name of the blob within --job.")
+@client_options
+@_client_command
+async def delete(client: AsyncBlobClient, key: str | None, job: str | None, name: str | None) -> None:
+    """Delete a blob by KEY, one job blob (--job and --name), or a whole job (--job)."""
+    which = _blob_args(key, job, name, whole_job=True)
+    if "job" in which and name is None:
+        await client.delete_job(which["job"])
+    else:
+        await client.delete(**which)
+
+
+@main.command()
+@click.argument("key", required=False)
+@click.option("--job", "-j", help="Job id of a job-scoped blob.")
+@click.option("--name", "-n", help="Name of the blob within --job.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@client_options
+@_client_command
+async def stat(client: AsyncBlobClient, key: str | None, job: str | None, name: str | None, as_json: bool) -> None:
+    """Print a blob's key and size; exit 1 if there is no such blob."""
+    _print_infos([await client.stat(**_blob_args(key, job, name))], as_json)
+
+
+@main.command(name="ls")
+@click.option("--job", "-j", required=True, help="Job id whose blobs to list.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@client_options
+@_client_command
+async def ls(client: AsyncBlobClient, job: str, as_json: bool) -> None:
+    """List the blobs of a job: key, size and name, one per line, sorted by name."""
+    _print_infos(sorted(await client.list(job), key=lambda info: info.name or ""), as_json)
+
+
+def _print_infos(infos: list[BlobInfo], as_json: bool) -> None:
+    for info in infos:
+        if as_json:
+            click.echo(json.dumps({"key": info.key, "size": info.size, "name": info.name}))
+        else:
+            click.echo("\t".join(str(v) for v in (info.key, info.size, info.name) if v is not None))

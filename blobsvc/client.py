@@ -1,0 +1,602 @@
+"""Clients of a blob server: :class:`AsyncBlobClient` and its blocking face :class:`BlobClient`.
+
+The async client does all the work: a pool of reusable connections, a timeout on every
+network step, retries with exponential back-off and jitter for failures that a retry can
+cure, a BLAKE3 check of every byte read, and resumption of a broken GET from the bytes
+already received. :class:`BlobClient` runs the same coroutines on a private event-loop
+thread, so it works in plain scripts, in Spark tasks and under a running loop (Jupyter).
+
+Keys are 64-character hex strings; job ids are 32-character hex strings (or UUIDs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import enum
+import hashlib
+import hmac
+import io
+import os
+import random
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol, TypeVar
+
+import aiofiles
+import blake3
+
+from ._exceptions import (
+    AuthRequired,
+    Busy,
+    ConnectionClosed,
+    DigestMismatch,
+    LocalProtocolError,
+    RemoteProtocolError,
+    TransportError,
+    error_for_code,
+)
+from ._ids import JobLike, KeyLike, job_bytes, key_bytes
+from ._netio import SocketStream, connect
+from ._protocol import (
+    CLOSED,
+    AuthOk,
+    AuthRequest,
+    ClientConnection,
+    ClientEvent,
+    ContentKey,
+    Data,
+    DeleteRequest,
+    EndOfBody,
+    ErrorFrame,
+    GetOk,
+    GetRequest,
+    Hello,
+    JobBlob,
+    ListOk,
+    ListRequest,
+    PutOk,
+    PutRequest,
+    PutTrailer,
+    Request,
+    ServerHello,
+    Signal,
+    StatOk,
+    StatRequest,
+    WholeJob,
+)
+from .config import DEFAULT_PORT
+
+__all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
+
+CHUNK = 1 << 20
+MAX_IDLE_CONNECTIONS = 8
+MAX_BACKOFF = 5.0
+
+Progress = Callable[[int], None]
+"""Called with the number of bytes moved since the last call."""
+Source = bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
+"""What ``put`` uploads: bytes, a file path, or a binary stream."""
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class BlobInfo:
+    """A stored blob: its key (hex BLAKE3 digest), size, and name when job-scoped."""
+
+    key: str
+    size: int
+    name: str | None = None
+
+
+class _State(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+def _target(key: KeyLike | None, job: JobLike | None, name: str | None) -> ContentKey | JobBlob:
+    if key is not None and job is None and name is None:
+        return ContentKey(key_bytes(key))
+    if key is None and job is not None and name is not None:
+        return JobBlob(job_bytes(job), name)
+    raise ValueError("name a blob by its key, or by job and name")
+
+
+def _parse_address(server: str | tuple[str, int]) -> tuple[str, int]:
+    if isinstance(server, tuple):
+        return server
+    host, sep, port = server.rpartition(":")
+    if not sep:
+        return server, DEFAULT_PORT
+    return host.strip("[]"), int(port)
+
+
+class _Channel:
+    """One connection: a socket stream and the protocol state machine that reads it."""
+
+    def __init__(self, stream: SocketStream) -> None:
+        self.stream = stream
+        self.protocol = ClientConnection()
+
+    async def send(self, frame: Hello | Request | Data | PutTrailer, timeout: float | None) -> None:
+        await self.stream.send_all(self.protocol.send(frame), timeout)
+
+    async def next_event(self, timeout: float | None) -> ClientEvent:
+        while True:
+            event = self.protocol.next_event()
+            if event is CLOSED:
+                raise ConnectionClosed("the server closed the connection")
+            if not isinstance(event, Signal):
+                return event
+            self.protocol.receive_data(await self.stream.recv(CHUNK, timeout))
+
+    async def reply(self, timeout: float | None) -> ClientEvent:
+        """The next reply; an error frame is raised as its exception."""
+        event = await self.next_event(timeout)
+        if isinstance(event, ErrorFrame):
+            raise error_for_code(event.code, event.message)
+        return event
+
+    @property
+    def reusable(self) -> bool:
+        return not self.protocol.closed and not self.protocol.pending
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+class _Sink(Protocol):
+    """Where a GET's bytes go; ``size`` is what it holds, so a retry resumes from there."""
+
+    @property
+    def size(self) -> int: ...
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    async def reset(self) -> None: ...
+
+
+class _MemorySink:
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    @property
+    def size(self) -> int:
+        return len(self.buffer)
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.buffer += data
+
+    async def reset(self) -> None:
+        self.buffer.clear()
+
+
+class _FileSink:
+    def __init__(self, file: Any) -> None:
+        self.file = file  # an aiofiles file
+        self.size = 0
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        await self.file.write(data)
+        self.size += len(data)
+
+    async def reset(self) -> None:
+        await self.file.seek(0)
+        await self.file.truncate()
+        self.size = 0
+
+
+class AsyncBlobClient:
+    """An asyncio client of one blob server.
+
+    ``server`` is ``"host:port"`` or a ``(host, port)`` pair. ``timeout`` bounds every wait
+    for the server (a read that stalls, a reply that does not come); ``retries`` is how many
+    more attempts a request gets after a connection failure, a timeout or BUSY, waiting
+    ``backoff * 2**n`` seconds (with jitter) between them. Server answers such as NOT_FOUND
+    are never retried. Use as ``async with AsyncBlobClient(...) as client:``.
+    """
+
+    def __init__(
+        self,
+        server: str | tuple[str, int] = f"127.0.0.1:{DEFAULT_PORT}",
+        *,
+        secret: bytes | None = None,
+        connect_timeout: float = 10.0,
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+    ) -> None:
+        self.host, self.port = _parse_address(server)
+        self.secret = secret
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self._idle: list[_Channel] = []
+        self._state = _State.OPEN
+
+    @property
+    def server(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def __aenter__(self) -> AsyncBlobClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._state = _State.CLOSED
+        while self._idle:
+            self._idle.pop().close()
+
+    # --- public operations -------------------------------------------------------------------
+
+    async def put(
+        self,
+        source: Source,
+        *,
+        job: JobLike | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> str:
+        """Upload ``source`` (bytes, a file path, or a binary stream) and return its key.
+
+        Without ``job`` the blob is content-addressed; with ``job`` and ``name`` it is stored
+        under that name, replacing an earlier blob of the name atomically.
+        """
+        if (job is None) != (name is None):
+            raise ValueError("a job-scoped blob needs both job and name")
+        target = JobBlob(job_bytes(job), name) if job is not None and name is not None else None
+        opener = _SourceOpener(source)
+
+        async def attempt(channel: _Channel) -> str:
+            async with opener() as (length, chunks):
+                return await self._put_on(channel, PutRequest(length, target), chunks, timeout, progress)
+
+        return await self._with_retries(attempt, retry=opener.rewindable)
+
+    async def get(
+        self,
+        key: KeyLike | None = None,
+        *,
+        job: JobLike | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> bytes:
+        """The bytes of a blob, verified against its digest."""
+        sink = _MemorySink()
+        await self._fetch(_target(key, job, name), sink, timeout, progress)
+        return bytes(sink.buffer)
+
+    async def get_file(
+        self,
+        dest: str | os.PathLike[str],
+        key: KeyLike | None = None,
+        *,
+        job: JobLike | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> BlobInfo:
+        """Download a blob to ``dest``. The file appears only once complete and verified: it
+        is written beside ``dest`` under a temporary name and renamed into place."""
+        dest = Path(dest)
+        fd, temp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        os.close(fd)
+        try:
+            async with aiofiles.open(temp, "wb") as file:
+                info = await self._fetch(_target(key, job, name), _FileSink(file), timeout, progress)
+                await file.flush()
+                await asyncio.to_thread(os.fsync, file.fileno())
+            os.replace(temp, dest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+        return info
+
+    async def stat(
+        self, key: KeyLike | None = None, *, job: JobLike | None = None, name: str | None = None
+    ) -> BlobInfo:
+        """Size and key of a blob; raises :class:`NotFound` when there is none."""
+        request = StatRequest(_target(key, job, name))
+        reply = await self._simple(request)
+        assert isinstance(reply, StatOk)
+        return BlobInfo(reply.digest.hex(), reply.size, name)
+
+    async def delete(self, key: KeyLike | None = None, *, job: JobLike | None = None, name: str | None = None) -> None:
+        """Delete one blob; deleting what does not exist succeeds."""
+        await self._simple(DeleteRequest(_target(key, job, name)))
+
+    async def delete_job(self, job: JobLike) -> None:
+        """Delete every blob of ``job``."""
+        await self._simple(DeleteRequest(WholeJob(job_bytes(job))))
+
+    async def list(self, job: JobLike) -> list[BlobInfo]:
+        """Every blob of ``job``, in no particular order."""
+        reply = await self._simple(ListRequest(job_bytes(job)))
+        assert isinstance(reply, ListOk)
+        return [BlobInfo(e.digest.hex(), e.size, e.name) for e in reply.entries]
+
+    # --- machinery ---------------------------------------------------------------------------
+
+    async def _simple(self, request: Request) -> ClientEvent:
+        async def attempt(channel: _Channel) -> ClientEvent:
+            await channel.send(request, self.timeout)
+            return await channel.reply(self.timeout)
+
+        return await self._with_retries(attempt)
+
+    async def _with_retries(self, attempt: Callable[[_Channel], Awaitable[_T]], *, retry: bool = True) -> _T:
+        """Run ``attempt`` on a pooled connection, again after failures a retry can cure."""
+        if self._state is _State.CLOSED:
+            raise RuntimeError("this client is closed")
+        tries = 1 + (self.retries if retry else 0)
+        for number in range(tries):
+            try:
+                channel = await self._acquire()
+                try:
+                    result = await attempt(channel)
+                finally:
+                    self._release(channel)
+                return result
+            except (TransportError, Busy) as exc:
+                if number + 1 == tries:
+                    raise type(exc)(f"{exc} (server {self.server}, {tries} attempt(s))") from exc
+            delay = min(MAX_BACKOFF, self.backoff * 2**number) * random.uniform(0.5, 1.5)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _acquire(self) -> _Channel:
+        if self._idle:
+            return self._idle.pop()
+        channel = _Channel(await connect(self.host, self.port, self.connect_timeout))
+        try:
+            await channel.send(Hello(), self.timeout)
+            hello = await channel.reply(self.timeout)
+            assert isinstance(hello, ServerHello)
+            if hello.nonce is not None:
+                if self.secret is None:
+                    raise AuthRequired(f"server {self.server} requires a shared secret")
+                mac = hmac.new(self.secret, hello.nonce, hashlib.sha256).digest()
+                await channel.send(AuthRequest(mac), self.timeout)
+                ok = await channel.reply(self.timeout)
+                assert isinstance(ok, AuthOk)
+        except BaseException:
+            channel.close()
+            raise
+        return channel
+
+    def _release(self, channel: _Channel) -> None:
+        if channel.reusable and self._state is _State.OPEN and len(self._idle) < MAX_IDLE_CONNECTIONS:
+            self._idle.append(channel)
+        else:
+            channel.close()
+
+    async def _put_on(
+        self,
+        channel: _Channel,
+        request: PutRequest,
+        chunks: AsyncIterator[bytes],
+        timeout: float | None,
+        progress: Progress | None,
+    ) -> str:
+        """Send one PUT while listening for an early answer: a server that refuses the
+        upload (TOO_LARGE, a full disk) says so before the body ends, and its error is
+        worth more than the broken pipe that follows."""
+        timeout = self.timeout if timeout is None else timeout
+        hasher = blake3.blake3()
+        await channel.send(request, timeout)
+        early = asyncio.ensure_future(channel.reply(None))
+        try:
+            sent = 0
+            async for chunk in chunks:
+                if early.done():
+                    break
+                hasher.update(chunk)
+                await channel.send(Data(chunk), timeout)
+                sent += len(chunk)
+                if progress:
+                    progress(len(chunk))
+            if early.done():
+                await early  # raises the server's error
+                raise RemoteProtocolError("the server answered a PUT before its body ended")
+            if sent != request.length:
+                raise LocalProtocolError(f"the source gave {sent} bytes, not the {request.length} announced")
+            await channel.send(PutTrailer(hasher.digest()), timeout)
+            reply = await asyncio.wait_for(asyncio.shield(early), timeout)
+        except TransportError:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(early), 1.0)  # raises the error frame, if any
+            raise
+        finally:
+            if not early.done():
+                early.cancel()
+                channel.protocol.closed = True  # a reply is half-read: never reuse this connection
+        assert isinstance(reply, PutOk)
+        return reply.key.hex()
+
+    async def _fetch(
+        self,
+        target: ContentKey | JobBlob,
+        sink: _Sink,
+        timeout: float | None,
+        progress: Progress | None,
+    ) -> BlobInfo:
+        """GET into ``sink``, resuming from ``sink.size`` after a broken read, and verify."""
+        timeout = self.timeout if timeout is None else timeout
+        hasher = blake3.blake3()
+        expected: bytes | None = None
+
+        async def attempt(channel: _Channel) -> BlobInfo:
+            nonlocal hasher, expected
+            await channel.send(GetRequest(target, sink.size), timeout)
+            header = await channel.reply(timeout)
+            assert isinstance(header, GetOk)
+            if expected is not None and header.digest != expected:
+                # The name now holds another blob: what we have is of the old one.
+                channel.protocol.closed = True
+                await sink.reset()
+                hasher, expected = blake3.blake3(), header.digest
+                raise ConnectionClosed("the blob changed during the download; starting over")
+            expected = header.digest
+            while True:
+                event = await channel.next_event(timeout)
+                if isinstance(event, EndOfBody):
+                    break
+                assert isinstance(event, Data)
+                hasher.update(event.data)
+                await sink.write(event.data)
+                if progress:
+                    progress(len(event.data))
+            actual = hasher.digest()
+            if actual != header.digest:
+                await sink.reset()
+                hasher, expected = blake3.blake3(), None
+                raise DigestMismatch(
+                    f"received bytes hash to {actual.hex()}, the server announced {header.digest.hex()}"
+                )
+            return BlobInfo(actual.hex(), header.size, target.name if isinstance(target, JobBlob) else None)
+
+        return await self._with_retries(attempt)
+
+
+class _SourceOpener:
+    """Opens an upload source afresh for each attempt, as ``(length, async chunks)``."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.stream: IO[bytes] | None = None
+        if not isinstance(source, bytes | bytearray | memoryview | str | os.PathLike):
+            self.stream = source
+        # A stream that cannot seek is read once into memory, so retries are not possible.
+        self.rewindable = self.stream is None or _seekable(self.stream)
+        self._start = self.stream.tell() if self.stream is not None and self.rewindable else 0
+
+    @contextlib.asynccontextmanager
+    async def __call__(self) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+        source, stream = self.source, self.stream
+        if stream is not None:
+            if self.rewindable:
+                length = stream.seek(0, io.SEEK_END) - self._start
+                stream.seek(self._start)
+                yield length, _read_chunks(lambda n: asyncio.to_thread(stream.read, n), length)
+            else:
+                data = await asyncio.to_thread(stream.read)  # the header needs the length first
+                yield len(data), _chunks_of(memoryview(data))
+        elif isinstance(source, str | os.PathLike):
+            async with aiofiles.open(source, "rb") as file:
+                length = os.fstat(file.fileno()).st_size
+                yield length, _read_chunks(file.read, length)
+        else:
+            view = memoryview(source).cast("B")
+            yield len(view), _chunks_of(view)
+
+
+def _seekable(stream: Any) -> bool:
+    try:
+        return bool(stream.seekable())
+    except (AttributeError, ValueError):
+        return False
+
+
+async def _chunks_of(view: memoryview) -> AsyncIterator[bytes]:
+    for start in range(0, len(view), CHUNK):
+        yield bytes(view[start : start + CHUNK])
+
+
+async def _read_chunks(read: Callable[[int], Awaitable[bytes]], length: int) -> AsyncIterator[bytes]:
+    left = length
+    while left > 0:
+        chunk = await read(min(CHUNK, left))
+        if not chunk:
+            raise LocalProtocolError(f"the source ended {left} bytes short of its size")
+        left -= len(chunk)
+        yield chunk
+
+
+class BlobClient:
+    """The blocking face of :class:`AsyncBlobClient`: the same methods, without ``await``.
+
+    The coroutines run on an event loop in a private daemon thread, so this works whether
+    or not the calling thread runs a loop of its own, and from many threads at once. After
+    a fork the child starts a fresh loop thread (Spark forks its Python workers).
+    """
+
+    def __init__(self, server: str | tuple[str, int] = f"127.0.0.1:{DEFAULT_PORT}", **options: Any) -> None:
+        self._server = server
+        self._options = options
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: AsyncBlobClient | None = None
+        self._state = _State.OPEN
+
+    def _run(self, make: Callable[[AsyncBlobClient], Coroutine[Any, Any, _T]]) -> _T:
+        if self._state is _State.CLOSED:
+            raise RuntimeError("this client is closed")
+        with self._lock:
+            if self._pid != os.getpid():
+                self._start_loop()
+            loop, client = self._loop, self._client
+        assert loop is not None and client is not None
+        future: concurrent.futures.Future[_T] = asyncio.run_coroutine_threadsafe(make(client), loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def _start_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="blobsvc-client", daemon=True).start()
+        self._loop, self._pid = loop, os.getpid()
+        self._client = AsyncBlobClient(self._server, **self._options)
+
+    @property
+    def server(self) -> str:
+        return AsyncBlobClient(self._server).server
+
+    def put(self, source: Source, **kwargs: Any) -> str:
+        return self._run(lambda c: c.put(source, **kwargs))
+
+    def get(self, key: KeyLike | None = None, **kwargs: Any) -> bytes:
+        return self._run(lambda c: c.get(key, **kwargs))
+
+    def get_file(self, dest: str | os.PathLike[str], key: KeyLike | None = None, **kwargs: Any) -> BlobInfo:
+        return self._run(lambda c: c.get_file(dest, key, **kwargs))
+
+    def stat(self, key: KeyLike | None = None, **kwargs: Any) -> BlobInfo:
+        return self._run(lambda c: c.stat(key, **kwargs))
+
+    def delete(self, key: KeyLike | None = None, **kwargs: Any) -> None:
+        return self._run(lambda c: c.delete(key, **kwargs))
+
+    def delete_job(self, job: JobLike) -> None:
+        return self._run(lambda c: c.delete_job(job))
+
+    def list(self, job: JobLike) -> list[BlobInfo]:
+        return self._run(lambda c: c.list(job))
+
+    def close(self) -> None:
+        if self._state is _State.CLOSED:
+            return
+        if self._client is not None and self._pid == os.getpid():
+            self._run(lambda c: c.aclose())
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._state = _State.CLOSED
+
+    def __enter__(self) -> BlobClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,180 @@
+"""One settings object for every blobsvc command, with documented defaults.
+
+Each setting is read from, in order of precedence: a command-line option, a ``BLOBSVC_<NAME>``
+environment variable, a TOML file (``--config`` or ``BLOBSVC_CONFIG``), its default. The
+defaults need nothing: ``blobsvc serve`` stores under a local data directory, standalone.
+Sizes accept a unit (``512MiB``, ``8G``); durations are seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_PORT", "ENV_PREFIX", "Settings", "parse_port_range", "parse_size"]
+
+DEFAULT_PORT = 6130
+ENV_PREFIX = "BLOBSVC_"
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``1048576``, ``512KiB``, ``64M`` or ``8GB`` (binary units throughout)."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not match:
+        raise ValueError(f"not a size: {text!r} (try 1048576, 512KiB or 8GiB)")
+    return int(match[1]) * _UNITS[match[2]]
+
+
+def parse_port_range(text: str | int) -> range:
+    """The ports to try binding, first free one wins: ``0`` (any), ``6130``, ``50100-50200``."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", str(text))
+    if not match:
+        raise ValueError(f"not a port or port range: {text!r}")
+    first, last = int(match[1]), int(match[2] or match[1])
+    if not 0 <= first <= last <= 65535:
+        raise ValueError(f"not a port or port range: {text!r}")
+    return range(first, last + 1)
+
+
+def _parse_port(text: str | int) -> str:
+    parse_port_range(text)
+    return str(text).strip()
+
+
+def _parse_bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _parse_seconds(text: str | float) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError(f"a duration must be positive, not {text!r}")
+    return value
+
+
+def _parse_count(text: str | int) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must not be negative: {text!r}")
+    return value
+
+
+def _optional_path(text: str | Path | None) -> Path | None:
+    return Path(text).expanduser() if text else None
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "blobsvc"
+
+
+def _setting(default: Any, parse: Callable[[Any], Any], help: str, *, factory: bool = False) -> Any:
+    meta = {"parse": parse, "help": help}
+    if factory:
+        return field(default_factory=default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of a server and of the client commands. See the README's table."""
+
+    # server
+    host: str = _setting("127.0.0.1", str, "Address to listen on; 0.0.0.0 for every interface.")
+    port: str = _setting(
+        str(DEFAULT_PORT), _parse_port, "Port, 0 for any free one, or a range such as 50100-50200 (first free wins)."
+    )
+    data_dir: Path = _setting(
+        _default_data_dir, lambda v: Path(v).expanduser(), "Directory the server stores blobs in.", factory=True
+    )
+    max_blob_size: int = _setting(8 << 30, parse_size, "Largest blob a PUT may store.")
+    max_connections: int = _setting(256, _parse_count, "Connections served at once; more are answered BUSY.")
+    idle_timeout: float = _setting(60.0, _parse_seconds, "Seconds a connection may sit idle between requests.")
+    io_timeout: float = _setting(
+        30.0, _parse_seconds, "Seconds a request may go without a byte moving before it is aborted."
+    )
+    shutdown_timeout: float = _setting(
+        10.0, _parse_seconds, "Seconds in-flight requests get to finish on SIGTERM or SIGINT."
+    )
+    verify_on_start: bool = _setting(True, _parse_bool, "Rehash every stored blob at start and drop corrupt ones.")
+    # client
+    server: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", str, "host:port of the server the client commands use.")
+    connect_timeout: float = _setting(10.0, _parse_seconds, "Seconds to wait for a connection.")
+    timeout: float = _setting(60.0, _parse_seconds, "Seconds a client waits for a byte before giving up.")
+    retries: int = _setting(3, _parse_count, "Attempts after the first for a failed connection or read.")
+    # both
+    secret_file: Path | None = _setting(
+        None, _optional_path, "File holding the shared secret; when set, the server requires AUTH."
+    )
+
+    @classmethod
+    def load(
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        config_file: Path | str | None = None,
+    ) -> Settings:
+        """Settings from command-line ``overrides`` (None values are ignored), then the
+        environment, then the TOML file, then the defaults."""
+        environ = os.environ if environ is None else environ
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        config_file = config_file or environ.get(f"{ENV_PREFIX}CONFIG")
+        if config_file:
+            with open(config_file, "rb") as f:
+                table = tomllib.load(f)
+            for key, value in table.items():
+                name = key.replace("-", "_")
+                if name not in fields:
+                    raise ValueError(f"{config_file}: unknown setting {key!r}")
+                values[name] = value
+        for name in fields:
+            env_value = environ.get(ENV_PREFIX + name.upper())
+            if env_value is not None:
+                values[name] = env_value
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        parsed = {}
+        for name, value in values.items():
+            try:
+                parsed[name] = fields[name].metadata["parse"](value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"setting {name}: {exc}") from None
+        return cls(**parsed)
+
+    @staticmethod
+    def help(name: str) -> str:
+        return str(_FIELDS[name].metadata["help"])
+
+    @property
+    def ports(self) -> range:
+        return parse_port_range(self.port)
+
+    @property
+    def server_address(self) -> tuple[str, int]:
+        host, _, port = self.server.rpartition(":")
+        return host.strip("[]") or "127.0.0.1", int(port)
+
+    def secret(self) -> bytes | None:
+        """The shared secret's bytes (surrounding whitespace dropped), if one is configured."""
+        return self.secret_file.read_bytes().strip() if self.secret_file else None
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}

@@ -1,0 +1,335 @@
+"""The asyncio BlobServer: sockets in, :mod:`blobsvc._protocol` frames, :mod:`blobsvc.storage` calls.
+
+One task per connection runs the loop *read a frame, act, answer*. What keeps a bad client
+from hurting others:
+
+* at most ``max_connections`` connections; the next one is answered BUSY and closed;
+* ``idle_timeout`` between requests and ``io_timeout`` for any stall inside one, so a silent
+  or stalled peer cannot pin a connection;
+* a PUT longer than ``max_blob_size`` is refused before a byte of its body is read;
+* a rejected or broken upload removes its staging file (``StagedUpload`` is a context
+  manager), and storage takes its per-key locks only to link and unlink, never while bytes
+  stream.
+
+GET bodies go from the page cache to the socket with ``os.sendfile``. Blocking disk work
+that can take long (writing large chunks, fsync, deleting a job) runs in worker threads so
+the event loop keeps serving other connections.
+
+Shutdown follows uvicorn's order: close the listener, let connections that are between
+requests go at once, give busy ones ``shutdown_timeout`` to finish the request in hand,
+then cancel the rest, which removes their staging files on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import socket
+from typing import Any
+
+from ._exceptions import (
+    AuthFailed,
+    AuthRequired,
+    BadOffset,
+    Busy,
+    InternalError,
+    RemoteProtocolError,
+    ServerError,
+    TooLarge,
+    TransportError,
+)
+from ._netio import SocketStream
+from ._protocol import (
+    NEED_DATA,
+    AuthOk,
+    AuthRequest,
+    Data,
+    DeleteOk,
+    DeleteRequest,
+    ErrorFrame,
+    GetOk,
+    GetRequest,
+    ListOk,
+    ListRequest,
+    PutOk,
+    PutRequest,
+    PutTrailer,
+    ServerConnection,
+    ServerEvent,
+    ServerHello,
+    Signal,
+    StatOk,
+    StatRequest,
+)
+from .config import Settings
+from .storage import BlobStorage, RecoveryReport, StagedUpload
+
+__all__ = ["BlobServer"]
+
+log = logging.getLogger("blobsvc.server")
+
+RECV_SIZE = 1 << 20
+# Smaller bodies are written on the event loop: a thread hop would cost more than the write.
+INLINE_WRITE_LIMIT = 256 << 10
+# Smaller GET bodies go out with their header in one send; sendfile pays off above this.
+INLINE_READ_LIMIT = 64 << 10
+
+
+class BlobServer:
+    """A blob server over one data directory.
+
+    ``async with BlobServer(settings) as server:`` recovers storage, binds, and serves until
+    the block ends; ``server.address`` is the bound ``(host, port)``.
+    """
+
+    def __init__(self, settings: Settings | None = None, *, storage: BlobStorage | None = None) -> None:
+        self.settings = settings or Settings()
+        self.storage = storage or BlobStorage(self.settings.data_dir, verify_on_start=self.settings.verify_on_start)
+        self._secret = self.settings.secret()
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._connections: dict[asyncio.Task[None], _Connection] = {}
+        self._closing = False
+        self.recovery: RecoveryReport | None = None
+        self.requests: collections.Counter[str] = collections.Counter()
+        """Requests served, by kind (``"GET"``, ``"PUT"``, …): for operators and tests."""
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._listener is not None, "the server is not started"
+        host, port, *_ = self._listener.getsockname()
+        return host, port
+
+    async def start(self) -> None:
+        self.recovery = await asyncio.to_thread(self.storage.recover)
+        self._listener = _bind(self.settings.host, self.settings.ports)
+        self._accepting = asyncio.create_task(self._accept_loop())
+
+    async def serve_forever(self) -> None:
+        assert self._accepting is not None, "start() first"
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._accepting
+
+    async def __aenter__(self) -> BlobServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting, let busy connections finish their request within ``timeout``
+        (``shutdown_timeout`` by default), cancel what is left."""
+        timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        self._closing = True
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+        if self._listener is not None:
+            self._listener.close()
+        for task, connection in list(self._connections.items()):
+            if not connection.busy:
+                task.cancel()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=timeout)
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(list(self._connections))
+
+    async def _accept_loop(self) -> None:
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(self._listener)
+            except OSError as exc:  # EMFILE and friends: back off rather than spin
+                log.warning("accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            connection = _Connection(self, SocketStream(sock))
+            task = asyncio.create_task(connection.run())
+            self._connections[task] = connection
+            task.add_done_callback(self._connections.pop)
+
+    def _over_limit(self) -> bool:
+        return len(self._connections) > self.settings.max_connections
+
+
+def _bind(host: str, ports: range) -> socket.socket:
+    """A listening socket on the first free port of ``ports``."""
+    last_error: OSError | None = None
+    for port in ports:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, type_, proto, _, address = infos[0]
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(1024)
+        except OSError as exc:
+            sock.close()
+            last_error = exc
+            continue
+        sock.setblocking(False)
+        return sock
+    raise OSError(f"no free port in {ports.start}-{ports.stop - 1} on {host}: {last_error}")
+
+
+class _Connection:
+    """One client connection's read-act-answer loop."""
+
+    def __init__(self, server: BlobServer, stream: SocketStream) -> None:
+        self.server = server
+        self.settings = server.settings
+        self.storage = server.storage
+        self.stream = stream
+        self.parser = ServerConnection()
+        self.busy = False  # a request is in hand: shutdown lets it finish
+
+    async def run(self) -> None:
+        try:
+            await self._serve()
+        except ServerError as exc:
+            await self._refuse(exc.code, str(exc))
+        except RemoteProtocolError as exc:
+            log.info("%s: bad request: %s", self.stream.peer, exc)
+            await self._refuse(exc.code, str(exc))
+        except TransportError as exc:
+            log.info("%s: %s", self.stream.peer, exc)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("%s: internal error", self.stream.peer)
+            await self._refuse(InternalError.code, "internal server error")
+        finally:
+            self.stream.close()
+
+    async def _refuse(self, code: int, message: str) -> None:
+        """Send a closing error frame, then close gracefully."""
+        with contextlib.suppress(TransportError):
+            await self._send(ErrorFrame(code, message))
+            await self.stream.linger_close()
+
+    async def _serve(self) -> None:
+        await self._next_event(self.settings.io_timeout)  # the preamble
+        if self.server._over_limit():
+            raise Busy(f"the server is at its limit of {self.settings.max_connections} connections")
+        nonce = secrets.token_bytes(32) if self.server._secret else None
+        await self._send(ServerHello(nonce=nonce))
+        authenticated = nonce is None
+        while not self.server._closing:
+            event = await self._next_event(self.settings.idle_timeout)
+            if isinstance(event, Signal):  # CLOSED: the client hung up between requests
+                return
+            self.busy = True
+            if not authenticated:
+                if not isinstance(event, AuthRequest):
+                    raise AuthRequired("this server requires AUTH first")
+                assert nonce is not None
+                self._check_auth(event, nonce)
+                authenticated = True
+            try:
+                await self._dispatch(event)
+            except ServerError as exc:
+                if not exc.keeps_connection:
+                    raise
+                await self._send(ErrorFrame(exc.code, str(exc)))
+            self.busy = False
+
+    def _check_auth(self, request: AuthRequest, nonce: bytes) -> None:
+        assert self.server._secret is not None
+        expected = hmac.new(self.server._secret, nonce, hashlib.sha256).digest()
+        if not hmac.compare_digest(expected, request.mac):
+            raise AuthFailed("wrong shared secret")
+
+    async def _dispatch(self, event: ServerEvent) -> None:
+        self.server.requests[type(event).__name__.removesuffix("Request").upper()] += 1
+        match event:
+            case PutRequest():
+                await self._put(event)
+            case GetRequest():
+                await self._get(event)
+            case StatRequest(target):
+                size, digest = self.storage.stat(target)
+                await self._send(StatOk(size, digest))
+            case DeleteRequest(target):
+                await asyncio.to_thread(self.storage.delete, target)
+                await self._send(DeleteOk())
+            case ListRequest(job):
+                entries = await asyncio.to_thread(self.storage.list_job, job)
+                await self._send(ListOk(tuple(entries)))
+            case AuthRequest():  # already authenticated, or no secret configured
+                await self._send(AuthOk())
+            case _:
+                raise RemoteProtocolError(f"unexpected {type(event).__name__}")
+
+    async def _put(self, request: PutRequest) -> None:
+        limit = self.settings.max_blob_size
+        if request.length > limit:
+            raise TooLarge(f"{request.length} bytes is over this server's limit of {limit}")
+        with self.storage.stage() as upload:
+            digest = await self._receive_body(upload)
+            if request.length > INLINE_WRITE_LIMIT:
+                key = await asyncio.to_thread(self.storage.publish, upload, request.target, digest)
+            else:
+                key = self.storage.publish(upload, request.target, digest)
+        await self._send(PutOk(key))
+
+    async def _receive_body(self, upload: StagedUpload) -> bytes:
+        """Write the PUT body to ``upload`` as it arrives; returns the trailer's digest.
+
+        Large chunks are written by a worker thread while the next one is received, so the
+        network, the hash and the disk overlap instead of taking turns.
+        """
+        writing: asyncio.Future[None] | None = None
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                event = await self._next_event(self.settings.io_timeout)
+                if writing is not None:
+                    await writing
+                    writing = None
+                if isinstance(event, PutTrailer):
+                    return event.digest
+                assert isinstance(event, Data)
+                if len(event.data) < INLINE_WRITE_LIMIT:
+                    upload.write(event.data)
+                else:
+                    writing = loop.run_in_executor(None, upload.write, event.data)
+        finally:
+            if writing is not None:
+                # Never leave a thread writing to a staging file that is about to be removed.
+                await asyncio.shield(writing)
+
+    async def _get(self, request: GetRequest) -> None:
+        with self.storage.open_blob(request.target) as blob:
+            if request.offset > blob.size:
+                raise BadOffset(f"offset {request.offset} is past the end of a {blob.size}-byte blob")
+            header = self.parser.send(GetOk(blob.size, blob.digest))
+            count = blob.size - request.offset
+            if count <= INLINE_READ_LIMIT:
+                await self.stream.send_all(header + os.pread(blob.fd, count, request.offset), self.settings.io_timeout)
+            else:
+                await self.stream.send_all(header, self.settings.io_timeout)
+                await self.stream.sendfile(blob.fd, request.offset, count, self.settings.io_timeout)
+
+    async def _next_event(self, timeout: float) -> ServerEvent | Signal:
+        """The next frame, reading as needed; ``timeout`` bounds each wait for bytes."""
+        while True:
+            event = self.parser.next_event()
+            if event is not NEED_DATA:
+                return event
+            want = self.parser.body_remaining or RECV_SIZE
+            self.parser.receive_data(await self.stream.recv(min(want, RECV_SIZE), timeout))
+            timeout = self.settings.io_timeout  # a frame has begun: no more idling
+
+    async def _send(self, frame: Any) -> None:
+        await self.stream.send_all(self.parser.send(frame), self.settings.io_timeout)

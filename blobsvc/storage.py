@@ -1,0 +1,491 @@
+"""The server's blobs on local disk: staging, atomic publication, sharing, deletion, recovery.
+
+The layout is drawn in :mod:`blobsvc._layout`. What this module promises, each pinned by
+``tests/test_storage.py``:
+
+1. **Nothing partial is ever visible.** An upload is written to a staging file in
+   ``incoming/`` while it is hashed; only when its digest matches the client's is it
+   fsynced, renamed into ``objects/`` and linked under its name, and the directories are
+   fsynced before :meth:`BlobStorage.publish` returns.
+2. **One copy per distinct content**, however many content-addressed or job-scoped names it
+   has and however many uploads race to store it.
+3. **No staging file outlives its upload**: a failed, rejected or duplicate upload removes
+   its own, and every start empties ``incoming/``.
+4. **Names are independent**: replacing or deleting one name never changes another's bytes.
+5. **Start-up repairs**: staging leftovers, stray files and every blob whose bytes no longer
+   hash to its key are deleted; the rest is served.
+
+Thread safety: methods may be called from any thread. Publication and deletion hold a lock
+per key (and per job for job-scoped names) only while they link and unlink, never while
+bytes stream. Opening a blob for reading takes no lock at all: published files are never
+modified in place, so an open descriptor always sees one complete version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import shutil
+import stat
+import threading
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import blake3
+
+from ._exceptions import DigestMismatch, InsufficientStorage, InternalError, NotFound
+from ._layout import Layout, decode_name, key_from_filename
+from ._protocol import ContentKey, JobBlob, ListEntry, WholeJob
+
+__all__ = ["BlobStorage", "OpenBlob", "RecoveryReport", "StagedUpload"]
+
+_FULL_DISK = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+@contextlib.contextmanager
+def _disk_errors() -> Iterator[None]:
+    """A full disk or quota is the client's INSUFFICIENT_STORAGE, not an internal error."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _FULL_DISK:
+            raise InsufficientStorage(f"the server's disk is full: {exc.strerror}") from exc
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    """Remove a file or a tree; what is already gone is fine (another thread won the race)."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def hash_file(path: Path) -> bytes:
+    """BLAKE3 of a file's content, using every core for large files."""
+    if path.stat().st_size == 0:
+        return blake3.blake3().digest()
+    return blake3.blake3(max_threads=blake3.blake3.AUTO).update_mmap(path).digest()
+
+
+class _LockTable:
+    """One lock per key, created on demand and dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[Hashable, tuple[threading.Lock, list[int]]] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: Hashable) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.setdefault(key, (threading.Lock(), [0]))
+            users[0] += 1
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                users[0] -= 1
+                if not users[0]:
+                    del self._locks[key]
+
+
+class StagedUpload:
+    """An upload in progress: a staging file that hashes everything written to it.
+
+    Use it as a context manager: leaving the block removes the staging file unless
+    :meth:`BlobStorage.publish` moved it into place.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = 0
+        self._hasher = blake3.blake3()
+        with _disk_errors():
+            self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert self._fd is not None, "write after the upload was finished"
+        self._hasher.update(data)
+        view = memoryview(data)
+        with _disk_errors():
+            while view:
+                view = view[os.write(self._fd, view) :]
+        self.size += len(data)
+
+    def digest(self) -> bytes:
+        return self._hasher.digest()
+
+    def seal(self) -> None:
+        """Make the bytes durable before anyone can see them."""
+        assert self._fd is not None
+        with _disk_errors():
+            os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+
+    def discard(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def __enter__(self) -> StagedUpload:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.discard()
+
+
+@dataclass
+class OpenBlob:
+    """A published blob open for reading; ``fd`` belongs to this object until ``close()``."""
+
+    fd: int
+    size: int
+    digest: bytes
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> OpenBlob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class RecoveryReport:
+    """What a start-up scan found and did."""
+
+    objects: int = 0
+    bytes: int = 0
+    content_blobs: int = 0
+    job_blobs: int = 0
+    removed_staging: int = 0
+    removed_corrupt: list[str] = field(default_factory=list)
+    removed_stray: list[str] = field(default_factory=list)
+    removed_orphans: int = 0
+
+
+class BlobStorage:
+    """Blobs under one data directory; see the module docstring for what it guarantees."""
+
+    def __init__(self, root: Path | str, *, verify_on_start: bool = True) -> None:
+        self.layout = Layout(Path(root))
+        self.verify_on_start = verify_on_start
+        # Which key each object inode holds: a job-scoped file is a hard link to its object,
+        # so its inode says its digest without rehashing. Rebuilt from disk at every start.
+        self._key_by_inode: dict[int, bytes] = {}
+        self._keys = _LockTable()
+        self._jobs = _LockTable()
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def stage(self) -> StagedUpload:
+        return StagedUpload(self.layout.incoming / f"upload-{secrets.token_hex(8)}")
+
+    def publish(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> bytes:
+        """Verify ``upload`` against ``digest`` and make it visible under ``target``
+        (content-addressed when None). Returns the key. The staging file is gone afterwards,
+        whether it was published, found to be a duplicate, or rejected."""
+        with upload:
+            key = upload.digest()
+            if key != digest:
+                raise DigestMismatch(
+                    f"the body hashes to {key.hex()} but the trailer says {digest.hex()}; nothing stored"
+                )
+            upload.seal()
+            replaced = None
+            with _disk_errors():
+                if target is None:
+                    with self._keys.hold(key):
+                        self._store_object(upload, key)
+                        self._link_content(key)
+                else:
+                    with self._jobs.hold(target.job), self._keys.hold(key):
+                        self._store_object(upload, key)
+                        replaced = self._link_job(key, target)
+        if replaced is not None and replaced != key:
+            self._collect(replaced)
+        return key
+
+    def _store_object(self, upload: StagedUpload, key: bytes) -> None:
+        path = self.layout.object(key)
+        if path.exists():
+            return  # the same bytes are stored already; the staging copy goes with the upload
+        os.rename(upload.path, path)
+        self._key_by_inode[path.stat().st_ino] = key
+        _fsync_dir(self.layout.objects)
+
+    def _link_content(self, key: bytes) -> None:
+        path = self.layout.content(key)
+        if not path.exists():
+            os.link(self.layout.object(key), path)
+            _fsync_dir(self.layout.cache)
+
+    def _link_job(self, key: bytes, target: JobBlob) -> bytes | None:
+        """Link the object under the job name, atomically replacing an older blob of that
+        name; returns the replaced blob's key."""
+        path = self.layout.job_blob(target.job, target.name)
+        self._make_dirs(path.parent)
+        temp = path.parent / f".link-{secrets.token_hex(8)}"
+        os.link(self.layout.object(key), temp)
+        try:
+            replaced = self._key_of(path)
+            os.replace(temp, path)
+        except BaseException:
+            _remove(temp)
+            raise
+        _fsync_dir(path.parent)
+        return replaced
+
+    def _make_dirs(self, directory: Path) -> None:
+        if directory.is_dir():
+            return
+        self._make_dirs(directory.parent)
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir()
+        _fsync_dir(directory.parent)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def _key_of(self, path: Path) -> bytes | None:
+        try:
+            return self._key_by_inode.get(path.stat().st_ino)
+        except FileNotFoundError:
+            return None
+
+    def open_blob(self, target: ContentKey | JobBlob) -> OpenBlob:
+        """Open a published blob for reading. Takes no lock; cheap enough for the event loop."""
+        path = self._path(target)
+        for _ in range(3):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise NotFound(_describe(target)) from None
+            info = os.fstat(fd)
+            if isinstance(target, ContentKey):
+                return OpenBlob(fd, info.st_size, target.key)
+            key = self._key_by_inode.get(info.st_ino)
+            if key is not None:
+                return OpenBlob(fd, info.st_size, key)
+            # Replaced and collected between open and lookup: the name now holds a newer blob.
+            os.close(fd)
+        raise InternalError(f"{_describe(target)} changed too often to be read")
+
+    def stat(self, target: ContentKey | JobBlob) -> tuple[int, bytes]:
+        with self.open_blob(target) as blob:
+            return blob.size, blob.digest
+
+    def list_job(self, job: bytes) -> list[ListEntry]:
+        directory = self.layout.job_dir(job)
+        entries = []
+        with self._jobs.hold(job):
+            for path in _files_under(directory):
+                name = decode_name(path.relative_to(directory))
+                info = path.stat()
+                key = self._key_by_inode.get(info.st_ino)
+                if name is not None and key is not None:
+                    entries.append(ListEntry(name, info.st_size, key))
+        return entries
+
+    def _path(self, target: ContentKey | JobBlob) -> Path:
+        if isinstance(target, ContentKey):
+            return self.layout.content(target.key)
+        return self.layout.job_blob(target.job, target.name)
+
+    # --- deleting --------------------------------------------------------------------------
+
+    def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
+        """Remove a name (or a whole job); what does not exist is already deleted."""
+        if isinstance(target, ContentKey):
+            with self._keys.hold(target.key):
+                try:
+                    self.layout.content(target.key).unlink()
+                except FileNotFoundError:
+                    return
+                _fsync_dir(self.layout.cache)
+                self._collect_locked(target.key)
+            return
+        with self._jobs.hold(target.job):
+            keys = self._unlink_job_names(target)
+        for key in keys:
+            self._collect(key)
+
+    def _unlink_job_names(self, target: JobBlob | WholeJob) -> set[bytes]:
+        job_dir = self.layout.job_dir(target.job)
+        if isinstance(target, JobBlob):
+            path = self._path(target)
+            key = self._key_of(path)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return set()
+            _fsync_dir(path.parent)
+            _prune_empty(path.parent, stop=job_dir.parent)
+            return {key} if key else set()
+        if not job_dir.exists():
+            return set()
+        keys = {self._key_by_inode.get(p.stat().st_ino) for p in _files_under(job_dir)}
+        # Renaming makes the whole job vanish at once; a crash before rmtree finishes leaves
+        # only staging debris, which the next start removes.
+        doomed = self.layout.incoming / f"deleted-{job_dir.name}-{secrets.token_hex(4)}"
+        os.rename(job_dir, doomed)
+        _fsync_dir(self.layout.root)
+        shutil.rmtree(doomed, ignore_errors=True)
+        return {key for key in keys if key}
+
+    def _collect(self, key: bytes) -> None:
+        with self._keys.hold(key):
+            self._collect_locked(key)
+
+    def _collect_locked(self, key: bytes) -> None:
+        """Delete the object once no name links to it."""
+        path = self.layout.object(key)
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            return
+        if info.st_nlink <= 1:
+            self._key_by_inode.pop(info.st_ino, None)
+            path.unlink()
+
+    # --- start-up --------------------------------------------------------------------------
+
+    def recover(self) -> RecoveryReport:
+        """Create the layout, then bring it back to a state every promise holds for."""
+        layout = self.layout
+        for directory in (layout.root, layout.incoming, layout.objects, layout.cache):
+            directory.mkdir(parents=True, exist_ok=True)
+        report = RecoveryReport()
+        self._key_by_inode.clear()
+        for leftover in list(layout.incoming.iterdir()):
+            _remove(leftover)
+            report.removed_staging += 1
+
+        corrupt_inodes = self._scan_objects(report)
+        for path in list(layout.cache.iterdir()):
+            key = key_from_filename(path.name)
+            if self._keep(path, key, corrupt_inodes, report):
+                report.content_blobs += 1
+        for job_dir in layout.job_dirs().values():
+            for path in _files_under(job_dir):
+                name = decode_name(path.relative_to(job_dir))
+                if name is None:
+                    report.removed_stray.append(str(path))
+                    _remove(path)
+                elif self._keep(path, None, corrupt_inodes, report):
+                    report.job_blobs += 1
+            _prune_empty_tree(job_dir)
+
+        for path in list(layout.objects.iterdir()):
+            info = path.stat()
+            if info.st_nlink <= 1:
+                self._key_by_inode.pop(info.st_ino, None)
+                path.unlink()
+                report.removed_orphans += 1
+            else:
+                report.objects += 1
+                report.bytes += info.st_size
+        for directory in (layout.root, layout.incoming, layout.objects, layout.cache):
+            _fsync_dir(directory)
+        return report
+
+    def _scan_objects(self, report: RecoveryReport) -> set[int]:
+        corrupt: set[int] = set()
+        for path in list(self.layout.objects.iterdir()):
+            key = key_from_filename(path.name)
+            info = path.lstat()
+            if key is None or not stat.S_ISREG(info.st_mode):
+                report.removed_stray.append(str(path))
+                _remove(path)
+            elif self.verify_on_start and hash_file(path) != key:
+                report.removed_corrupt.append(str(path))
+                corrupt.add(info.st_ino)
+                path.unlink()
+            else:
+                self._key_by_inode[info.st_ino] = key
+        return corrupt
+
+    def _keep(self, path: Path, expected: bytes | None, corrupt: set[int], report: RecoveryReport) -> bool:
+        """Whether a name found at start may be served; links it to its object if needed."""
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or path.name.startswith("."):
+            report.removed_stray.append(str(path))
+            _remove(path)
+            return False
+        known = self._key_by_inode.get(info.st_ino)
+        if known is not None and expected in (None, known):
+            return True
+        if info.st_ino in corrupt:
+            report.removed_corrupt.append(str(path))
+            path.unlink()
+            return False
+        # A name without its object (a crash between link and rename, or a copied-in file):
+        # trust it only if its bytes hash to what it claims.
+        key = hash_file(path)
+        if expected is not None and key != expected:
+            report.removed_corrupt.append(str(path))
+            path.unlink()
+            return False
+        self._adopt(path, key)
+        return True
+
+    def _adopt(self, path: Path, key: bytes) -> None:
+        obj = self.layout.object(key)
+        if obj.exists():
+            temp = path.parent / f".link-{secrets.token_hex(8)}"
+            os.link(obj, temp)
+            os.replace(temp, path)
+        else:
+            os.link(path, obj)
+            self._key_by_inode[obj.stat().st_ino] = key
+
+
+def _describe(target: ContentKey | JobBlob) -> str:
+    if isinstance(target, ContentKey):
+        return f"no blob with key {target.key.hex()}"
+    return f"job {target.job.hex()} has no blob named {target.name!r}"
+
+
+def _files_under(directory: Path) -> Iterator[Path]:
+    for parent, _, files in os.walk(directory):
+        for name in files:
+            yield Path(parent, name)
+
+
+def _prune_empty(directory: Path, *, stop: Path) -> None:
+    """Remove ``directory`` and its parents up to ``stop`` while they are empty."""
+    while directory != stop:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        directory = directory.parent
+
+
+def _prune_empty_tree(root: Path) -> None:
+    """Remove every empty directory under ``root``, and ``root`` itself if it ends empty."""
+    for parent, _, _ in os.walk(root, topdown=False):
+        with contextlib.suppress(OSError):  # not empty
+            Path(parent).rmdir()
