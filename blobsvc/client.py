@@ -497,6 +497,7 @@ class _SourceOpener:
                 length = os.fstat(file.fileno()).st_size
                 yield length, _read_chunks(file.read, length)
         else:
+            assert isinstance(source, bytes | bytearray | memoryview)
             view = memoryview(source).cast("B")
             yield len(view), _chunks_of(view)
 

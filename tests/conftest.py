@@ -1,0 +1,136 @@
+"""Shared fixtures: real servers on 127.0.0.1 over real temporary directories.
+
+* ``server``: a BlobServer on the test's own event loop (for async tests).
+* ``server_thread``: a BlobServer on a loop in a background thread (for blocking clients
+  and child processes).
+* ``spawn_server``: ``blobsvc serve`` as a child process, for crashes and signals; every
+  child is killed by PID at teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blobsvc import AsyncBlobClient, BlobServer, Settings
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        host="127.0.0.1",
+        port="0",
+        data_dir=tmp_path / "data",
+        idle_timeout=5.0,
+        io_timeout=2.0,
+        shutdown_timeout=2.0,
+        max_blob_size=64 << 20,
+    )
+
+
+@pytest.fixture
+async def server(settings: Settings) -> AsyncIterator[BlobServer]:
+    async with BlobServer(settings) as running:
+        yield running
+
+
+@pytest.fixture
+async def client(server: BlobServer) -> AsyncIterator[AsyncBlobClient]:
+    async with AsyncBlobClient(server.address, timeout=5.0, retries=2, backoff=0.01) as connected:
+        yield connected
+
+
+def address_text(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+class ServerThread:
+    """A BlobServer running on its own event loop in a daemon thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self.server = BlobServer(settings)
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(30)
+        return self
+
+    @property
+    def address(self) -> str:
+        return address_text(self.server.address)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.shutdown(1.0), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def server_thread(settings: Settings) -> Iterator[ServerThread]:
+    running = ServerThread(settings).start()
+    yield running
+    running.stop()
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[str]
+    port: int
+    data_dir: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+
+@pytest.fixture
+def spawn_server(settings: Settings) -> Iterator[Callable[..., ServerProcess]]:
+    started: list[ServerProcess] = []
+
+    def spawn(*extra: str, **overrides: Any) -> ServerProcess:
+        chosen = replace(settings, **overrides)
+        args = [
+            sys.executable, "-m", "blobsvc", "serve",
+            "--host", "127.0.0.1", "--port", chosen.port, "--data-dir", str(chosen.data_dir),
+            "--max-blob-size", str(chosen.max_blob_size),
+            "--idle-timeout", str(chosen.idle_timeout), "--io-timeout", str(chosen.io_timeout),
+            *extra,
+        ]  # fmt: skip
+        process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line.startswith("listening on "):
+            process.kill()
+            raise RuntimeError(f"server did not start: {line!r} {process.stderr.read() if process.stderr else ''}")
+        spawned = ServerProcess(process, int(line.rsplit(":", 1)[1]), chosen.data_dir)
+        started.append(spawned)
+        return spawned
+
+    yield spawn
+    for spawned in started:
+        spawned.kill()

@@ -1,0 +1,385 @@
+"""The sans-IO protocol core on bytes alone: no sockets, no event loop."""
+
+from __future__ import annotations
+
+import ast
+import struct
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from blobsvc import ConnectionClosed, LocalProtocolError, RemoteProtocolError
+from blobsvc._protocol import (
+    CLOSED,
+    MAX_NAME_BYTES,
+    NEED_DATA,
+    AuthOk,
+    AuthRequest,
+    ClientConnection,
+    ContentKey,
+    Data,
+    DeleteOk,
+    DeleteRequest,
+    EndOfBody,
+    ErrorFrame,
+    GetOk,
+    GetRequest,
+    Hello,
+    JobBlob,
+    ListEntry,
+    ListOk,
+    ListRequest,
+    PutOk,
+    PutRequest,
+    PutTrailer,
+    ServerConnection,
+    ServerHello,
+    Signal,
+    StatOk,
+    StatRequest,
+    WholeJob,
+    encode_request,
+)
+
+HELLO_KEY = bytes.fromhex("ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f")
+KEY = bytes(range(32))
+JOB = bytes(range(100, 116))
+
+
+def drain(connection: ServerConnection | ClientConnection) -> list[Any]:
+    """Every event the buffered bytes make, merging body chunks so that feeding the same
+    bytes in different pieces yields the same list."""
+    events: list[Any] = []
+    while True:
+        event = connection.next_event()
+        if event is NEED_DATA:
+            return events
+        if isinstance(event, Data) and events and isinstance(events[-1], Data):
+            events[-1] = Data(bytes(events[-1].data) + bytes(event.data))
+        else:
+            events.append(event)
+        if event is CLOSED:
+            return events
+
+
+def feed(connection: ServerConnection | ClientConnection, data: bytes, mode: str) -> list[Any]:
+    """h11's three ways: the whole buffer, one byte at a time, and in uneven pieces."""
+    if mode == "whole":
+        connection.receive_data(data)
+        return drain(connection)
+    step = 1 if mode == "bytewise" else 7
+    events: list[Any] = []
+    for start in range(0, len(data), step):
+        connection.receive_data(data[start : start + step])
+        for event in drain(connection):
+            if isinstance(event, Data) and events and isinstance(events[-1], Data):
+                events[-1] = Data(bytes(events[-1].data) + bytes(event.data))
+            else:
+                events.append(event)
+    return events
+
+
+MODES = ["whole", "bytewise", "uneven"]
+
+# (request frames, wire bytes) pairs: every request of protocol.md with its exact encoding.
+REQUEST_CASES: list[tuple[Sequence[Any], bytes]] = [
+    ([PutRequest(0)], b"\x00\x00" + bytes(8)),
+    ([GetRequest(ContentKey(KEY), 5)], b"\x01\x00" + KEY + struct.pack("<Q", 5)),
+    ([GetRequest(JobBlob(JOB, "a/b"))], b"\x01\x01" + JOB + b"\x03\x00a/b" + bytes(8)),
+    ([DeleteRequest(ContentKey(KEY))], b"\x02\x00" + KEY),
+    ([DeleteRequest(JobBlob(JOB, ".."))], b"\x02\x01" + JOB + b"\x02\x00.."),
+    ([DeleteRequest(WholeJob(JOB))], b"\x02\x02" + JOB),
+    ([StatRequest(ContentKey(KEY))], b"\x03\x00" + KEY),
+    ([StatRequest(JobBlob(JOB, "x"))], b"\x03\x01" + JOB + b"\x01\x00x"),
+    ([ListRequest(JOB)], b"\x04\x02" + JOB),
+    ([AuthRequest(KEY)], b"\x7f" + KEY),
+]
+
+
+def server_after_hello() -> ServerConnection:
+    server = ServerConnection()
+    server.receive_data(b"BLOB\x01\x00")
+    assert server.next_event() == Hello()
+    return server
+
+
+def test_spec_example_put_of_hello_is_byte_exact() -> None:
+    client = ClientConnection()
+    wire = b"".join(
+        bytes(client.send(frame))
+        for frame in (Hello(), PutRequest(5), Data(b"hello"), PutTrailer(blake3.blake3(b"hello").digest()))
+    )
+    assert wire == bytes.fromhex("424c4f420100" + "0000" + "0500000000000000" + "68656c6c6f") + HELLO_KEY
+    server = ServerConnection()
+    server.receive_data(wire)
+    assert drain(server) == [Hello(), PutRequest(5), Data(b"hello"), PutTrailer(HELLO_KEY)]
+    reply = server.send(ServerHello()) + server.send(PutOk(HELLO_KEY))
+    assert reply == b"BLOB\x01\x00" + b"\x00" + HELLO_KEY
+    client.receive_data(reply)
+    assert drain(client) == [ServerHello(), PutOk(HELLO_KEY)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("frames", "wire"), REQUEST_CASES)
+def test_every_request_encodes_and_parses_exactly(frames: Sequence[Any], wire: bytes, mode: str) -> None:
+    assert b"".join(encode_request(frame) for frame in frames) == wire
+    server = server_after_hello()
+    assert feed(server, wire, mode) == list(frames)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_put_body_and_trailer_come_out_in_order_however_the_bytes_arrive(mode: str) -> None:
+    body = bytes(range(256)) * 40
+    digest = blake3.blake3(body).digest()
+    wire = encode_request(PutRequest(len(body), JobBlob(JOB, "model.bin"))) + body + digest
+    events = feed(server_after_hello(), wire, mode)
+    assert events == [PutRequest(len(body), JobBlob(JOB, "model.bin")), Data(body), PutTrailer(digest)]
+
+
+def test_trailing_bytes_of_the_next_request_are_left_for_it() -> None:
+    server = server_after_hello()
+    server.receive_data(encode_request(StatRequest(ContentKey(KEY))) + b"\x04")
+    assert server.next_event() == StatRequest(ContentKey(KEY))
+    assert server.next_event() is NEED_DATA
+    assert server.trailing_data == (b"\x04", False)
+
+
+def test_put_body_bytes_received_as_bytes_are_passed_on_without_a_copy() -> None:
+    server = server_after_hello()
+    server.receive_data(encode_request(PutRequest(1 << 20)))
+    assert isinstance(server.next_event(), PutRequest)
+    chunk = bytes(1 << 20)
+    server.receive_data(chunk)
+    event = server.next_event()
+    assert isinstance(event, Data) and event.data is chunk
+
+
+@pytest.mark.parametrize(
+    ("wire", "code", "words"),
+    [
+        (b"GET / HTTP/1.1\r\n", 1, "magic"),
+        (b"BLOC", 1, "magic"),
+        (b"BLOB\x02\x00", 10, "version 2"),
+        (b"BLOB\x01\x01", 1, "flags"),
+        (b"BLOB\x01\x00\x09", 1, "opcode 0x09"),
+        (b"BLOB\x01\x00\x01\x07", 1, "addressing byte 0x07"),
+        (b"BLOB\x01\x00\x01\x02", 1, "GET does not take addressing JOB_ALL"),
+        (b"BLOB\x01\x00\x00\x02", 1, "PUT does not take addressing JOB_ALL"),
+        (b"BLOB\x01\x00\x03\x02", 1, "STAT does not take addressing JOB_ALL"),
+        (b"BLOB\x01\x00\x04\x00", 1, "LIST does not take addressing CONTENT"),
+        (b"BLOB\x01\x00\x01\x01" + JOB + b"\x00\x00", 1, "1 to 255 bytes"),
+        (b"BLOB\x01\x00\x01\x01" + JOB + b"\x00\x01", 1, "1 to 255 bytes"),
+        (b"BLOB\x01\x00\x01\x01" + JOB + b"\x03\x00a\x00b", 1, "NUL"),
+        (b"BLOB\x01\x00\x01\x01" + JOB + b"\x02\x00\xff\xfe", 1, "UTF-8"),
+    ],
+)
+def test_malformed_input_raises_remote_error_with_its_code(wire: bytes, code: int, words: str) -> None:
+    server = ServerConnection()
+    server.receive_data(wire)
+    with pytest.raises(RemoteProtocolError, match=words) as caught:
+        drain(server)
+    assert caught.value.code == code
+
+
+def test_wrong_magic_is_caught_at_the_first_wrong_byte() -> None:
+    server = ServerConnection()
+    server.receive_data(b"X")
+    with pytest.raises(RemoteProtocolError, match="magic"):
+        server.next_event()
+
+
+def test_a_255_byte_name_is_accepted_and_256_is_not() -> None:
+    longest = "n" * MAX_NAME_BYTES
+    assert feed(server_after_hello(), encode_request(StatRequest(JobBlob(JOB, longest))), "whole") == [
+        StatRequest(JobBlob(JOB, longest))
+    ]
+    with pytest.raises(LocalProtocolError):
+        JobBlob(JOB, longest + "n")
+
+
+def test_clean_close_between_requests_is_closed_and_mid_frame_is_an_error() -> None:
+    server = server_after_hello()
+    server.receive_data(b"")
+    assert server.next_event() is CLOSED
+    server = server_after_hello()
+    server.receive_data(b"\x01\x00" + KEY[:10])
+    server.receive_data(b"")
+    with pytest.raises(RemoteProtocolError, match="mid-frame"):
+        server.next_event()
+
+
+def test_short_put_body_then_close_is_an_error() -> None:
+    server = server_after_hello()
+    server.receive_data(encode_request(PutRequest(100)) + b"x" * 10)
+    assert isinstance(server.next_event(), PutRequest)
+    assert server.next_event() == Data(b"x" * 10)
+    server.receive_data(b"")
+    with pytest.raises(RemoteProtocolError):
+        server.next_event()
+
+
+# --- client side --------------------------------------------------------------------------
+
+
+def client_after_hello(nonce: bytes | None = None) -> ClientConnection:
+    client = ClientConnection()
+    client.send(Hello())
+    client.receive_data(ServerConnection().send(ServerHello(nonce=nonce)))
+    assert client.next_event() == ServerHello(nonce=nonce)
+    return client
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_client_parses_every_reply_matching_pipelined_requests(mode: str) -> None:
+    client = client_after_hello()
+    server = ServerConnection()
+    body = b"0123456789" * 100
+    requests_and_replies: list[tuple[Any, list[Any]]] = [
+        (GetRequest(ContentKey(KEY), 3), [GetOk(len(body), KEY, 3)]),
+        (StatRequest(ContentKey(KEY)), [StatOk(7, KEY)]),
+        (DeleteRequest(WholeJob(JOB)), [DeleteOk()]),
+        (ListRequest(JOB), [ListOk((ListEntry("a", 1, KEY), ListEntry("é/..", 2, HELLO_KEY)))]),
+        (ListRequest(JOB), [ListOk(())]),
+        (AuthRequest(KEY), [AuthOk()]),
+        (GetRequest(JobBlob(JOB, "x")), [ErrorFrame(2, "no such blob")]),
+    ]
+    wire = b""
+    for request, replies in requests_and_replies:
+        client.send(request)
+        wire += b"".join(server.send(reply) for reply in replies)
+        if isinstance(replies[0], GetOk):
+            wire += body[3:]
+    expected = [
+        GetOk(len(body), KEY, 3),
+        Data(body[3:]),
+        EndOfBody(),
+        StatOk(7, KEY),
+        DeleteOk(),
+        ListOk((ListEntry("a", 1, KEY), ListEntry("é/..", 2, HELLO_KEY))),
+        ListOk(()),
+        AuthOk(),
+        ErrorFrame(2, "no such blob"),
+    ]
+    assert feed(client, wire, mode) == expected
+    assert client.pending == 0 and not client.closed
+
+
+def test_server_hello_with_auth_carries_the_nonce() -> None:
+    nonce = bytes(range(32))
+    assert ServerConnection().send(ServerHello(nonce=nonce)) == b"BLOB\x01\x01" + nonce
+    assert client_after_hello(nonce).server_hello == ServerHello(nonce=nonce)
+
+
+def test_error_frame_bytes_follow_the_spec() -> None:
+    assert ServerConnection().send(ErrorFrame(4, "too big")) == b"\x01\x04\x00\x07\x00\x00\x00too big"
+
+
+def test_a_refusal_at_the_door_replaces_the_server_hello() -> None:
+    client = ClientConnection()
+    client.send(Hello())
+    client.receive_data(ServerConnection().send(ErrorFrame(8, "busy")))
+    assert client.next_event() == ErrorFrame(8, "busy")
+    assert client.closed
+
+
+@pytest.mark.parametrize(("code", "stays_open"), [(1, False), (2, True), (3, True), (4, False), (12, True)])
+def test_connection_state_after_an_error_follows_the_table(code: int, stays_open: bool) -> None:
+    client = client_after_hello()
+    client.send(StatRequest(ContentKey(KEY)))
+    client.receive_data(ServerConnection().send(ErrorFrame(code, "")))
+    assert client.next_event() == ErrorFrame(code, "")
+    assert client.closed is not stays_open
+
+
+def test_server_closing_mid_reply_is_connection_closed() -> None:
+    client = client_after_hello()
+    client.send(GetRequest(ContentKey(KEY)))
+    client.receive_data(ServerConnection().send(GetOk(10, KEY)) + b"abc")
+    assert isinstance(client.next_event(), GetOk)
+    assert client.next_event() == Data(b"abc")
+    client.receive_data(b"")
+    with pytest.raises(ConnectionClosed):
+        client.next_event()
+
+
+def test_unsolicited_bytes_and_unknown_status_are_remote_errors() -> None:
+    client = client_after_hello()
+    client.receive_data(b"\x00")
+    with pytest.raises(RemoteProtocolError, match="nobody asked"):
+        client.next_event()
+    client = client_after_hello()
+    client.send(DeleteRequest(ContentKey(KEY)))
+    client.receive_data(b"\x07")
+    with pytest.raises(RemoteProtocolError, match="status"):
+        client.next_event()
+
+
+def test_client_refuses_to_send_a_body_that_does_not_match_its_header() -> None:
+    client = client_after_hello()
+    client.send(PutRequest(3))
+    with pytest.raises(LocalProtocolError):
+        client.send(Data(b"four"))
+    client.send(Data(b"abc"))
+    with pytest.raises(LocalProtocolError):
+        client.send(StatRequest(ContentKey(KEY)))  # the trailer is still owed
+    client.send(PutTrailer(KEY))
+    client.send(StatRequest(ContentKey(KEY)))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ContentKey(b"short"),
+        lambda: WholeJob(b"x" * 15),
+        lambda: JobBlob(JOB, ""),
+        lambda: JobBlob(JOB, "a\x00b"),
+        lambda: GetRequest(ContentKey(KEY), -1),
+        lambda: PutRequest(1 << 64),
+    ],
+)
+def test_invalid_frames_cannot_be_built(make: Callable[[], object]) -> None:
+    with pytest.raises(LocalProtocolError):
+        make()
+
+
+@given(name=st.text(min_size=1, max_size=60).filter(lambda n: "\x00" not in n and len(n.encode()) <= 255))
+def test_any_valid_name_round_trips(name: str) -> None:
+    try:
+        target = JobBlob(JOB, name)
+    except LocalProtocolError:  # lone surrogates are not UTF-8
+        return
+    server = server_after_hello()
+    server.receive_data(encode_request(GetRequest(target)))
+    assert server.next_event() == GetRequest(target)
+
+
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_never_crash_the_server_parser(data: bytes) -> None:
+    server = ServerConnection()
+    server.receive_data(data)
+    try:
+        while (event := server.next_event()) is not NEED_DATA and event is not CLOSED:
+            pass
+    except RemoteProtocolError:
+        pass
+
+
+def test_protocol_module_does_no_io() -> None:
+    source = Path(__file__).parent.parent / "blobsvc" / "_protocol.py"
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(ast.parse(source.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+    }
+    assert not imported & {"asyncio", "socket", "selectors", "ssl", "os"}
+
+
+def test_signals_are_distinct_sentinels() -> None:
+    assert NEED_DATA is Signal.NEED_DATA and CLOSED is Signal.CLOSED
+    assert repr(NEED_DATA) == "NEED_DATA"
