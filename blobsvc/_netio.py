@@ -54,6 +54,16 @@ class SocketStream:
             return "?"
         return f"{host}:{port}"
 
+    def is_alive(self) -> bool:
+        """Whether an idle connection is still open: nothing to read and no EOF pending."""
+        try:
+            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False  # EOF, or bytes nobody asked for: either way not reusable
+
     async def recv(self, max_bytes: int, timeout: float | None) -> bytes:
         """Up to ``max_bytes``; ``b""`` when the peer has closed."""
         with _map_errors(ReadTimeout):

@@ -161,18 +161,18 @@ async def _serve(settings: Settings) -> None:
             f"{report.removed_orphans} orphaned, {len(report.removed_stray)} stray",
             err=True,
         )
-    host, port = server.address
-    click.echo(f"listening on {host}:{port}")
-    sys.stdout.flush()
 
     def on_signal() -> None:
         if stop.is_set():  # a second signal: stop waiting for in-flight requests
-            for task in asyncio.all_tasks(loop):
-                task.cancel()
+            server.abort_requests()
         stop.set()
 
+    # Handlers first: whoever reads "listening on" may signal us at once.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    host, port = server.address
+    click.echo(f"listening on {host}:{port}")
+    sys.stdout.flush()
     serving = asyncio.create_task(server.serve_forever())
     await stop.wait()
     click.echo("shutting down", err=True)

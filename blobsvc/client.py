@@ -356,8 +356,11 @@ class AsyncBlobClient:
         raise AssertionError("unreachable")
 
     async def _acquire(self) -> _Channel:
-        if self._idle:
-            return self._idle.pop()
+        while self._idle:
+            channel = self._idle.pop()
+            if channel.stream.is_alive():
+                return channel
+            channel.close()  # the server closed it while it sat idle (its idle timeout)
         channel = _Channel(await connect(self.host, self.port, self.connect_timeout))
         try:
             await channel.send(Hello(), self.timeout)

@@ -144,6 +144,11 @@ class BlobServer:
         if self._connections:
             await asyncio.wait(list(self._connections))
 
+    def abort_requests(self) -> None:
+        """Cancel every connection now, busy or not (a second Ctrl-C during shutdown)."""
+        for task in self._connections:
+            task.cancel()
+
     async def _accept_loop(self) -> None:
         assert self._listener is not None
         loop = asyncio.get_running_loop()
@@ -277,10 +282,8 @@ class _Connection:
             raise TooLarge(f"{request.length} bytes is over this server's limit of {limit}")
         with self.storage.stage() as upload:
             digest = await self._receive_body(upload)
-            if request.length > INLINE_WRITE_LIMIT:
-                key = await asyncio.to_thread(self.storage.publish, upload, request.target, digest)
-            else:
-                key = self.storage.publish(upload, request.target, digest)
+            # Publication fsyncs, which can take milliseconds even for a tiny file: never on the loop.
+            key = await asyncio.to_thread(self.storage.publish, upload, request.target, digest)
         await self._send(PutOk(key))
 
     async def _receive_body(self, upload: StagedUpload) -> bytes:
