@@ -26,6 +26,7 @@ from blobsvc import (
     BlobServer,
     ConnectError,
     ConnectionClosed,
+    DigestMismatch,
     NotFound,
     ReadTimeout,
     TooLarge,
@@ -342,3 +343,18 @@ def test_job_ids_accept_hex_and_uuid_forms(server_thread: ServerThread) -> None:
             client.get("abc")
         with pytest.raises(ValueError, match="job and name"):
             client.get(job=job)
+
+
+async def test_bytes_that_rot_on_the_server_are_rejected_by_the_client(
+    client: AsyncBlobClient, server: BlobServer, tmp_path: Path
+) -> None:
+    data = random.randbytes(200_000)
+    key = await client.put(data)
+    with open(server.storage.layout.object(bytes.fromhex(key)), "r+b") as stored:
+        stored.seek(100_000)
+        stored.write(b"\xff")
+    with pytest.raises(DigestMismatch, match="announced"):
+        await client.get(key)
+    with pytest.raises(DigestMismatch):
+        await client.get_file(tmp_path / "rotten", key)
+    assert not (tmp_path / "rotten").exists()
