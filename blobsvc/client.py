@@ -303,6 +303,37 @@ class AsyncBlobClient:
             raise
         return info
 
+    async def resume_file(
+        self,
+        partial: str | os.PathLike[str],
+        key: KeyLike | None = None,
+        *,
+        job: JobLike | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> BlobInfo:
+        """Download a blob into ``partial`` after the bytes it already holds, and verify the
+        whole file against the blob's digest.
+
+        A failed download keeps what it received, so a later call (in this process or
+        another: blobsvc's cache after a downloader died) resumes from there rather than
+        from zero. The caller keeps two downloads off one file and renames it once this
+        returns. Held bytes that are not the blob's end in :class:`DigestMismatch` (the file
+        is emptied) or :class:`BadOffset` (more bytes than the blob has).
+        """
+        async with aiofiles.open(partial, "ab") as file:
+            held = os.fstat(file.fileno()).st_size
+            prefix = blake3.blake3()
+            if held:
+                await asyncio.to_thread(prefix.update_mmap, partial)
+            sink = _FileSink(file)
+            sink.size = held
+            info = await self._fetch(_target(key, job, name), sink, timeout, progress, prefix)
+            await file.flush()
+            await asyncio.to_thread(os.fsync, file.fileno())
+        return info
+
     async def stat(
         self, key: KeyLike | None = None, *, job: JobLike | None = None, name: str | None = None
     ) -> BlobInfo:
@@ -433,10 +464,12 @@ class AsyncBlobClient:
         sink: _Sink,
         timeout: float | None,
         progress: Progress | None,
+        prefix: Any = None,
     ) -> BlobInfo:
-        """GET into ``sink``, resuming from ``sink.size`` after a broken read, and verify."""
+        """GET into ``sink``, resuming from ``sink.size`` after a broken read, and verify.
+        ``prefix`` is a BLAKE3 hasher fed with the bytes ``sink`` holds at the start."""
         timeout = self.timeout if timeout is None else timeout
-        hasher = blake3.blake3()
+        hasher = blake3.blake3() if prefix is None else prefix
         expected: bytes | None = None
 
         async def attempt(channel: _Channel) -> BlobInfo:
@@ -577,6 +610,9 @@ class BlobClient:
 
     def get_file(self, dest: str | os.PathLike[str], key: KeyLike | None = None, **kwargs: Any) -> BlobInfo:
         return self._run(lambda c: c.get_file(dest, key, **kwargs))
+
+    def resume_file(self, partial: str | os.PathLike[str], key: KeyLike | None = None, **kwargs: Any) -> BlobInfo:
+        return self._run(lambda c: c.resume_file(partial, key, **kwargs))
 
     def stat(self, key: KeyLike | None = None, **kwargs: Any) -> BlobInfo:
         return self._run(lambda c: c.stat(key, **kwargs))

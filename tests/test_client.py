@@ -350,11 +350,17 @@ async def test_bytes_that_rot_on_the_server_are_rejected_by_the_client(
 ) -> None:
     data = random.randbytes(200_000)
     key = await client.put(data)
-    with open(server.storage.layout.object(bytes.fromhex(key)), "r+b") as stored:
-        stored.seek(100_000)
-        stored.write(b"\xff")
+    flip_byte(server.storage.layout.object(bytes.fromhex(key)), 100_000)
     with pytest.raises(DigestMismatch, match="announced"):
         await client.get(key)
     with pytest.raises(DigestMismatch):
         await client.get_file(tmp_path / "rotten", key)
     assert not (tmp_path / "rotten").exists()
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as stored:
+        stored.seek(offset)
+        original = stored.read(1)
+        stored.seek(offset)
+        stored.write(bytes([original[0] ^ 0xFF]))
