@@ -584,6 +584,11 @@ class ServerConnection(_Receiver):
         self.state = _ServerState.HELLO
 
     @property
+    def between_requests(self) -> bool:
+        """No part of a request is buffered: the connection is idle."""
+        return self.state is _ServerState.IDLE and not self._buf
+
+    @property
     def body_remaining(self) -> int:
         """PUT body bytes still to come: the most a reader should fetch for this body."""
         return self._body_left if self.state is _ServerState.BODY else 0

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import click
 
+from ._cache_cli import cache
 from ._exceptions import BlobError
 from .client import AsyncBlobClient, BlobInfo, Progress
 from .config import Settings
@@ -283,3 +284,6 @@ def _print_infos(infos: list[BlobInfo], as_json: bool) -> None:
             click.echo(json.dumps({"key": info.key, "size": info.size, "name": info.name}))
         else:
             click.echo("\t".join(str(v) for v in (info.key, info.size, info.name) if v is not None))
+
+
+main.add_command(cache)

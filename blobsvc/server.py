@@ -31,7 +31,8 @@ import logging
 import os
 import secrets
 import socket
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from ._exceptions import (
     AuthFailed,
@@ -95,6 +96,9 @@ class BlobServer:
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._connections: dict[asyncio.Task[None], _Connection] = {}
+        # Connections that count against max_connections: every accepted one until it ends
+        # or starts its lingering close, so refused clients draining out cannot crowd out others.
+        self._live = 0
         self._closing = False
         self.recovery: RecoveryReport | None = None
         self.requests: collections.Counter[str] = collections.Counter()
@@ -165,7 +169,23 @@ class BlobServer:
             task.add_done_callback(self._connections.pop)
 
     def _over_limit(self) -> bool:
-        return len(self._connections) > self.settings.max_connections
+        return self._live > self.settings.max_connections
+
+
+_T = TypeVar("_T")
+
+
+async def _finish(work: Awaitable[_T]) -> _T:
+    """Await work a worker thread does on an upload. If cancelled meanwhile (shutdown), still
+    wait for the thread before re-raising: the caller removes the staging file next, and no
+    thread may touch an upload after that."""
+    future = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await future
+        raise
 
 
 def _bind(host: str, ports: range) -> socket.socket:
@@ -198,6 +218,8 @@ class _Connection:
         self.stream = stream
         self.parser = ServerConnection()
         self.busy = False  # a request is in hand: shutdown lets it finish
+        self._counted = True
+        server._live += 1
 
     async def run(self) -> None:
         try:
@@ -215,10 +237,17 @@ class _Connection:
             log.exception("%s: internal error", self.stream.peer)
             await self._refuse(InternalError.code, "internal server error")
         finally:
+            self._stop_counting()
             self.stream.close()
+
+    def _stop_counting(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.server._live -= 1
 
     async def _refuse(self, code: int, message: str) -> None:
         """Send a closing error frame, then close gracefully."""
+        self._stop_counting()
         with contextlib.suppress(TransportError):
             await self._send(ErrorFrame(code, message))
             await self.stream.linger_close()
@@ -283,7 +312,7 @@ class _Connection:
         with self.storage.stage() as upload:
             digest = await self._receive_body(upload)
             # Publication fsyncs, which can take milliseconds even for a tiny file: never on the loop.
-            key = await asyncio.to_thread(self.storage.publish, upload, request.target, digest)
+            key = await _finish(asyncio.to_thread(self.storage.publish, upload, request.target, digest))
         await self._send(PutOk(key))
 
     async def _receive_body(self, upload: StagedUpload) -> bytes:
@@ -298,7 +327,7 @@ class _Connection:
             while True:
                 event = await self._next_event(self.settings.io_timeout)
                 if writing is not None:
-                    await writing
+                    await asyncio.shield(writing)  # if cancelled, the finally waits for the thread
                     writing = None
                 if isinstance(event, PutTrailer):
                     return event.digest
@@ -330,6 +359,10 @@ class _Connection:
             event = self.parser.next_event()
             if event is not NEED_DATA:
                 return event
+            if not self.parser.between_requests:
+                # Part of a frame came with earlier bytes (the preamble, a pipelined request):
+                # the client is mid-request, not idle.
+                timeout = self.settings.io_timeout
             want = self.parser.body_remaining or RECV_SIZE
             self.parser.receive_data(await self.stream.recv(min(want, RECV_SIZE), timeout))
             timeout = self.settings.io_timeout  # a frame has begun: no more idling

@@ -1,0 +1,414 @@
+"""Crashes, signals, rot and full disks: what survives and what is cleaned up.
+
+The crash tests run ``blobsvc serve`` as a child process (the ``spawn_server`` fixture),
+kill it by PID mid-upload, and start a new one on the same data directory. The promises
+checked are the storage module's: nothing partial is ever visible, no staging file outlives
+its upload, every blob published before the crash is served intact, and a blob whose bytes
+rotted on disk is dropped at start together with every name that shares it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+
+from blobsvc import AsyncBlobClient, BlobClient, BlobServer, BlobStorage, InsufficientStorage, NotFound, Settings
+from blobsvc.storage import StagedUpload
+
+from .conftest import ServerProcess
+
+HELLO = b"BLOB\x01\x00"
+PUT, CONTENT, JOB = 0x00, 0x00, 0x01
+INSUFFICIENT_STORAGE = 9
+STEP = 10.0  # the longest any single wait in these tests may take
+MiB = 1 << 20
+JOB_ID = "5eed0000000000000000000000000001"
+OTHER_JOB_ID = "5eed0000000000000000000000000002"
+
+Spawn = Callable[..., ServerProcess]
+
+
+def digest(data: bytes) -> bytes:
+    return blake3.blake3(data).digest()
+
+
+def put_header(length: int, job: str | None = None, name: bytes = b"") -> bytes:
+    if job is None:
+        return bytes([PUT, CONTENT]) + struct.pack("<Q", length)
+    return bytes([PUT, JOB]) + bytes.fromhex(job) + struct.pack("<H", len(name)) + name + struct.pack("<Q", length)
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return bytes(out)
+
+
+def until_closed(sock: socket.socket) -> bytes:
+    """What the server still sends before it closes (a reset counts as closing)."""
+    out = bytearray()
+    try:
+        while chunk := sock.recv(1 << 16):
+            out += chunk
+    except ConnectionResetError:
+        pass
+    return bytes(out)
+
+
+def connect(server: ServerProcess) -> socket.socket:
+    """A raw connection that has done the preamble."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=STEP)
+    sock.sendall(HELLO)
+    assert recv_exactly(sock, 6) == HELLO
+    return sock
+
+
+def staging_files(data_dir: Path) -> list[Path]:
+    return sorted((data_dir / "incoming").iterdir())
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + STEP
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def staging_sizes(data_dir: Path) -> list[int]:
+    sizes = []
+    for path in staging_files(data_dir):
+        with contextlib.suppress(FileNotFoundError):  # published or removed meanwhile
+            sizes.append(path.stat().st_size)
+    return sorted(sizes)
+
+
+def client_of(server: ServerProcess) -> BlobClient:
+    return BlobClient(server.address, timeout=STEP, retries=0)
+
+
+# --- SIGKILL ----------------------------------------------------------------------------
+
+
+def test_sigkill_mid_put_leaves_no_partial_blob_and_every_earlier_blob_intact(spawn_server: Spawn) -> None:
+    first = spawn_server()
+    data_dir = first.data_dir
+    earlier = {"empty": b"", "small": os.urandom(1000), "large": os.urandom(3 * MiB)}
+    model_v1 = os.urandom(2 * MiB)
+    with client_of(first) as client:
+        keys = {label: client.put(data) for label, data in earlier.items()}
+        client.put(model_v1, job=JOB_ID, name="model.bin")
+        client.put(earlier["small"], job=JOB_ID, name="same-as-small")
+
+    big = os.urandom(64 * MiB)  # the server's max_blob_size: a PUT it accepts
+    model_v2 = os.urandom(16 * MiB)  # would replace model.bin
+    content_put, job_put = connect(first), connect(first)
+    try:
+        content_put.sendall(put_header(len(big)))
+        job_put.sendall(put_header(len(model_v2), JOB_ID, b"model.bin"))
+        for offset in range(0, 40 * MiB, MiB):  # slowly: 40 of 64 MiB, and 8 of 16 MiB
+            content_put.sendall(big[offset : offset + MiB])
+            if offset < 8 * MiB:
+                job_put.sendall(model_v2[offset : offset + MiB])
+            time.sleep(0.005)
+        wait_until(lambda: staging_sizes(data_dir) == [8 * MiB, 40 * MiB], "the server has written what was sent")
+        os.kill(first.process.pid, signal.SIGKILL)
+        assert first.process.wait(STEP) == -signal.SIGKILL
+    finally:
+        content_put.close()
+        job_put.close()
+    assert len(staging_files(data_dir)) == 2  # the crash left its staging files behind
+
+    second = spawn_server()
+    assert staging_files(data_dir) == []
+    with client_of(second) as client:
+        for partial in (big, model_v2):
+            with pytest.raises(NotFound):
+                client.stat(digest(partial).hex())
+        assert client.get(job=JOB_ID, name="model.bin") == model_v1
+        for label, data in earlier.items():
+            assert client.get(keys[label]) == data
+        assert client.get(job=JOB_ID, name="same-as-small") == earlier["small"]
+        assert sorted(info.name or "" for info in client.list(JOB_ID)) == ["model.bin", "same-as-small"]
+    stored = {digest(data).hex() for data in [*earlier.values(), model_v1]}
+    assert set(os.listdir(data_dir / "objects")) == stored
+
+
+@pytest.mark.parametrize("damage", ["flip-a-byte", "truncate", "append", "empty"])
+def test_a_blob_corrupted_on_disk_is_removed_at_start_with_every_name_sharing_it(
+    spawn_server: Spawn, damage: str
+) -> None:
+    first = spawn_server()
+    data_dir = first.data_dir
+    rotten, sound = os.urandom(MiB), os.urandom(MiB)
+    with client_of(first) as client:
+        rotten_key = client.put(rotten)
+        client.put(rotten, job=JOB_ID, name="shared")
+        client.put(rotten, job=OTHER_JOB_ID, name="elsewhere")
+        sound_key = client.put(sound)
+        client.put(sound, job=JOB_ID, name="own")
+    assert first.terminate() == 0
+
+    path = data_dir / "objects" / rotten_key
+    assert path.stat().st_nlink == 4  # one object, three names: every name shares the damage
+    with open(path, "r+b") as f:
+        if damage == "flip-a-byte":
+            f.seek(MiB // 2)
+            byte = f.read(1)[0]
+            f.seek(MiB // 2)
+            f.write(bytes([byte ^ 0x40]))
+        elif damage == "truncate":
+            f.truncate(MiB - 1)
+        elif damage == "append":
+            f.seek(0, os.SEEK_END)
+            f.write(b"\x00")
+        else:
+            f.truncate(0)
+
+    second = spawn_server()
+    with client_of(second) as client:
+        with pytest.raises(NotFound):
+            client.get(rotten_key)
+        with pytest.raises(NotFound):
+            client.get(job=JOB_ID, name="shared")
+        with pytest.raises(NotFound):
+            client.stat(job=OTHER_JOB_ID, name="elsewhere")
+        assert client.get(sound_key) == sound
+        assert client.get(job=JOB_ID, name="own") == sound
+        assert [info.name for info in client.list(JOB_ID)] == ["own"]
+        assert client.list(OTHER_JOB_ID) == []
+    assert not path.exists()
+    assert not (data_dir / "cache" / rotten_key).exists()
+    assert os.listdir(data_dir / "objects") == [sound_key]
+    assert staging_files(data_dir) == []
+
+
+# --- SIGTERM ----------------------------------------------------------------------------
+
+
+def test_sigterm_during_a_put_removes_its_staging_file_and_exits_0(spawn_server: Spawn) -> None:
+    shutdown_timeout = 1.0
+    server = spawn_server("--shutdown-timeout", str(shutdown_timeout), io_timeout=30.0, idle_timeout=30.0)
+    data_dir = server.data_dir
+    body = os.urandom(64 * MiB)
+    idle, busy = connect(server), connect(server)
+    try:
+        busy.sendall(put_header(len(body)) + body[: 8 * MiB])
+        wait_until(lambda: staging_sizes(data_dir) == [8 * MiB], "the upload is staged")
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(STEP) == 0
+        elapsed = time.monotonic() - started
+        # The busy connection got its grace period, no more; the idle one held nothing up.
+        assert shutdown_timeout * 0.8 <= elapsed <= shutdown_timeout + 5.0, elapsed
+        assert staging_files(data_dir) == []
+        assert until_closed(idle) == b""
+        rest = until_closed(busy)
+        assert rest == b"" or rest[:1] == b"\x01", rest  # nothing, or an error frame
+    finally:
+        idle.close()
+        busy.close()
+
+    restarted = spawn_server()
+    with client_of(restarted) as client, pytest.raises(NotFound):
+        client.stat(digest(body).hex())
+
+
+def test_sigterm_lets_a_put_in_hand_finish_and_then_exits_0(spawn_server: Spawn) -> None:
+    server = spawn_server("--shutdown-timeout", "30", io_timeout=30.0, idle_timeout=30.0)
+    data_dir = server.data_dir
+    body = os.urandom(16 * MiB)
+    sock = connect(server)
+    try:
+        sock.sendall(put_header(len(body)) + body[: 8 * MiB])
+        wait_until(lambda: staging_sizes(data_dir) == [8 * MiB], "the upload is staged")
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert server.process.poll() is None, "the server quit with a request in hand"
+        with pytest.raises(ConnectionRefusedError):  # but it takes no new connections
+            socket.create_connection(("127.0.0.1", server.port), timeout=STEP).close()
+        sock.sendall(body[8 * MiB :] + digest(body))
+        assert recv_exactly(sock, 33) == b"\x00" + digest(body)
+        assert until_closed(sock) == b""
+        assert server.process.wait(STEP) == 0
+    finally:
+        sock.close()
+    assert staging_files(data_dir) == []
+
+    restarted = spawn_server()
+    with client_of(restarted) as client:
+        assert client.get(digest(body).hex()) == body
+
+
+# --- a slow disk at shutdown -------------------------------------------------------------
+
+
+class SlowDisk:
+    """Makes some storage calls slow, as a loaded disk does, and records any that ran on an
+    upload already discarded: a thread still writing to a staging file that was removed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = threading.Event()
+        self.on_discarded: list[str] = []
+        self.slow_write = self.slow_publish = False
+        original_write, original_publish = StagedUpload.write, BlobStorage.publish
+
+        def write(upload: StagedUpload, data: bytes | bytearray | memoryview) -> None:
+            if self.slow_write and len(data) >= 256 << 10 and not self._stall(upload, "write"):
+                return
+            original_write(upload, data)
+
+        def publish(storage: BlobStorage, upload: StagedUpload, target: Any, expected: bytes) -> bytes:
+            if self.slow_publish and not self._stall(upload, "publish"):
+                raise RuntimeError("publish of a discarded upload")
+            return original_publish(storage, upload, target, expected)
+
+        monkeypatch.setattr(StagedUpload, "write", write)
+        monkeypatch.setattr(BlobStorage, "publish", publish)
+
+    def _stall(self, upload: StagedUpload, what: str) -> bool:
+        self.started.set()
+        time.sleep(self.seconds)
+        if upload._fd is None:
+            self.on_discarded.append(what)
+            return False
+        return True
+
+
+@pytest.mark.parametrize("stage", ["write", "publish"])
+async def test_shutdown_waits_for_a_slow_disk_before_removing_the_staging_file(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, stage: str
+) -> None:
+    disk = SlowDisk(monkeypatch, seconds=0.5)
+    server = BlobServer(replace(settings, io_timeout=30.0, idle_timeout=30.0))
+    await server.start()
+    data_dir = settings.data_dir
+    body = os.urandom(8 * MiB)
+    _, writer = await asyncio.open_connection(*server.address)
+    try:
+        if stage == "write":
+            disk.slow_write = True
+            writer.write(HELLO + put_header(len(body)) + body[: 4 * MiB])
+        else:
+            disk.slow_publish = True
+            writer.write(HELLO + put_header(len(body)) + body + digest(body))
+        await writer.drain()
+        assert await asyncio.to_thread(disk.started.wait, STEP)
+        await server.shutdown(timeout=0.05)  # cancels the connection while the disk is busy
+        assert disk.on_discarded == [], "a worker thread used a staging file after it was removed"
+        assert staging_files(data_dir) == []
+    finally:
+        writer.close()
+        await server.shutdown()
+    await asyncio.sleep(disk.seconds)  # a thread left running would record itself by now
+    assert disk.on_discarded == []
+
+
+# --- full disk --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs mounted for this test alone (we run as root in CI)."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot mount an 8 MiB tmpfs for the full-disk tests: {exc}")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount an 8 MiB tmpfs for the full-disk tests (needs root): {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
+
+
+async def assert_no_staging(data_dir: Path) -> None:
+    """incoming/ is empty, or becomes so within moments: cleanup runs as a connection ends."""
+    for _ in range(300):
+        if not staging_files(data_dir):
+            return
+        await asyncio.sleep(0.01)
+    assert staging_files(data_dir) == [], "staging files left behind"
+
+
+async def test_a_put_bigger_than_the_free_space_gets_insufficient_storage_and_leaves_nothing(
+    settings: Settings, small_disk: Path
+) -> None:
+    data_dir = small_disk / "data"
+    async with (
+        BlobServer(replace(settings, data_dir=data_dir)) as server,
+        AsyncBlobClient(server.address, timeout=STEP, retries=0) as client,
+    ):
+        earlier = os.urandom(2 * MiB)
+        key = await client.put(earlier)
+        named = os.urandom(MiB)
+        await client.put(named, job=JOB_ID, name="model.bin")
+
+        with pytest.raises(InsufficientStorage):
+            await client.put(os.urandom(12 * MiB))
+        await assert_no_staging(data_dir)
+        with pytest.raises(InsufficientStorage):
+            await client.put(os.urandom(12 * MiB), job=JOB_ID, name="model.bin")
+        await assert_no_staging(data_dir)
+
+        assert await client.get(key) == earlier
+        assert await client.get(job=JOB_ID, name="model.bin") == named
+        assert sorted(os.listdir(data_dir / "objects")) == sorted([key, digest(named).hex()])
+        # What the failed uploads took is free again.
+        later = os.urandom(3 * MiB)
+        assert await client.put(later) == digest(later).hex()
+        assert await client.get(digest(later).hex()) == later
+
+
+async def test_a_small_put_on_a_full_disk_gets_insufficient_storage_and_close(
+    settings: Settings, small_disk: Path
+) -> None:
+    data_dir = small_disk / "data"
+    async with BlobServer(replace(settings, data_dir=data_dir)) as server:
+        info = os.statvfs(small_disk)
+        filler = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.posix_fallocate(filler, 0, info.f_bavail * info.f_frsize - (64 << 10))
+        finally:
+            os.close(filler)
+        body = os.urandom(200 << 10)  # written on the event loop, in pieces under 256 KiB
+        reader, writer = await asyncio.open_connection(*server.address)
+        try:
+            writer.write(HELLO + put_header(len(body), JOB_ID, b"small") + body + digest(body))
+            await writer.drain()
+            async with asyncio.timeout(STEP):
+                assert await reader.readexactly(6) == HELLO
+                status, code, length = struct.unpack("<BHI", await reader.readexactly(7))
+                assert (status, code) == (0x01, INSUFFICIENT_STORAGE)
+                assert "full" in (await reader.readexactly(length)).decode("utf-8")
+                assert await reader.read() == b""  # the connection is closed
+        finally:
+            writer.close()
+        await assert_no_staging(data_dir)
+
+        os.unlink(small_disk / "filler")
+        async with AsyncBlobClient(server.address, timeout=STEP, retries=0) as client:
+            await client.put(body, job=JOB_ID, name="small")
+            assert await client.get(job=JOB_ID, name="small") == body
