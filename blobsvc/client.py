@@ -319,8 +319,9 @@ class AsyncBlobClient:
         A failed download keeps what it received, so a later call (in this process or
         another: blobsvc's cache after a downloader died) resumes from there rather than
         from zero. The caller keeps two downloads off one file and renames it once this
-        returns. Held bytes that are not the blob's end in :class:`DigestMismatch` (the file
-        is emptied) or :class:`BadOffset` (more bytes than the blob has).
+        returns. When the held bytes are not the start of this blob, the download ends in
+        :class:`DigestMismatch` (and the file is emptied), or in :class:`BadOffset` when
+        they outnumber the blob's bytes.
         """
         async with aiofiles.open(partial, "ab") as file:
             held = os.fstat(file.fileno()).st_size

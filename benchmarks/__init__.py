@@ -1,0 +1,1 @@
+"""Benchmarks of blobsvc; run ``python -m benchmarks.bench_server --help``."""

@@ -1,0 +1,42 @@
+"""The executor side of blobsvc: one verified copy of each blob per host.
+
+``BlobCache(server, cache_dir)`` hands out local paths of verified blobs, downloads each
+blob once however many threads and processes ask for it, counts references to jobs across
+processes, deletes a job's files ``cleanup_interval`` after its last release, and keeps the
+directory under a byte limit by evicting the least recently used blobs no job is using.
+``docs/cache.md`` states its invariants; the modules are:
+
+* ``_lock``: ``flock`` locks that hold between threads and between processes;
+* ``_leases``: reference counts as lease files of live processes;
+* ``_store``: the directory: layout, publication, checks, links, eviction, collection;
+* ``_cache``: :class:`BlobCache`, which fetches from the server into the store.
+"""
+
+from ._cache import DEFAULT_CLEANUP_INTERVAL, DEFAULT_MAX_BYTES, BlobCache, JobBlobs
+from ._store import (
+    CacheError,
+    CacheFull,
+    CacheStats,
+    CacheStore,
+    CollectReport,
+    ContentEntry,
+    JobEntry,
+    RecoveryReport,
+    TooLargeForCache,
+)
+
+__all__ = [
+    "DEFAULT_CLEANUP_INTERVAL",
+    "DEFAULT_MAX_BYTES",
+    "BlobCache",
+    "CacheError",
+    "CacheFull",
+    "CacheStats",
+    "CacheStore",
+    "CollectReport",
+    "ContentEntry",
+    "JobBlobs",
+    "JobEntry",
+    "RecoveryReport",
+    "TooLargeForCache",
+]
