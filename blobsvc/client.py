@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import enum
+import functools
 import hashlib
 import hmac
 import io
@@ -25,7 +26,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol, TypeVar
+from typing import IO, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import aiofiles
 import blake3
@@ -83,6 +84,7 @@ Source = bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
 """What ``put`` uploads: bytes, a file path, or a binary stream."""
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,34 +338,47 @@ class AsyncBlobClient:
         return info
 
     async def stat(
-        self, key: KeyLike | None = None, *, job: JobLike | None = None, name: str | None = None
+        self,
+        key: KeyLike | None = None,
+        *,
+        job: JobLike | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
     ) -> BlobInfo:
         """Size and key of a blob; raises :class:`NotFound` when there is none."""
-        request = StatRequest(_target(key, job, name))
-        reply = await self._simple(request)
+        reply = await self._simple(StatRequest(_target(key, job, name)), timeout)
         assert isinstance(reply, StatOk)
         return BlobInfo(reply.digest.hex(), reply.size, name)
 
-    async def delete(self, key: KeyLike | None = None, *, job: JobLike | None = None, name: str | None = None) -> None:
+    async def delete(
+        self,
+        key: KeyLike | None = None,
+        *,
+        job: JobLike | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
         """Delete one blob; deleting what does not exist succeeds."""
-        await self._simple(DeleteRequest(_target(key, job, name)))
+        await self._simple(DeleteRequest(_target(key, job, name)), timeout)
 
-    async def delete_job(self, job: JobLike) -> None:
+    async def delete_job(self, job: JobLike, *, timeout: float | None = None) -> None:
         """Delete every blob of ``job``."""
-        await self._simple(DeleteRequest(WholeJob(job_bytes(job))))
+        await self._simple(DeleteRequest(WholeJob(job_bytes(job))), timeout)
 
-    async def list(self, job: JobLike) -> list[BlobInfo]:
+    async def list(self, job: JobLike, *, timeout: float | None = None) -> list[BlobInfo]:
         """Every blob of ``job``, in no particular order."""
-        reply = await self._simple(ListRequest(job_bytes(job)))
+        reply = await self._simple(ListRequest(job_bytes(job)), timeout)
         assert isinstance(reply, ListOk)
         return [BlobInfo(e.digest.hex(), e.size, e.name) for e in reply.entries]
 
     # --- machinery ---------------------------------------------------------------------------
 
-    async def _simple(self, request: Request) -> ClientEvent:
+    async def _simple(self, request: Request, timeout: float | None) -> ClientEvent:
+        timeout = self.timeout if timeout is None else timeout
+
         async def attempt(channel: _Channel) -> ClientEvent:
-            await channel.send(request, self.timeout)
-            return await channel.reply(self.timeout)
+            await channel.send(request, timeout)
+            return await channel.reply(timeout)
 
         return await self._with_retries(attempt)
 
@@ -561,6 +576,19 @@ async def _read_chunks(read: Callable[[int], Awaitable[bytes]], length: int) -> 
         yield chunk
 
 
+def _blocking(
+    method: Callable[Concatenate[AsyncBlobClient, _P], Coroutine[Any, Any, _T]],
+) -> Callable[Concatenate[BlobClient, _P], _T]:
+    """The blocking twin of an :class:`AsyncBlobClient` method: the same parameters (for
+    type checkers too) and the same docs, run on the client's loop thread."""
+
+    def call(self: BlobClient, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return self._run(lambda client: method(client, *args, **kwargs))
+
+    functools.update_wrapper(call, method)
+    return call
+
+
 class BlobClient:
     """The blocking face of :class:`AsyncBlobClient`: the same methods, without ``await``.
 
@@ -603,29 +631,14 @@ class BlobClient:
     def server(self) -> str:
         return AsyncBlobClient(self._server).server
 
-    def put(self, source: Source, **kwargs: Any) -> str:
-        return self._run(lambda c: c.put(source, **kwargs))
-
-    def get(self, key: KeyLike | None = None, **kwargs: Any) -> bytes:
-        return self._run(lambda c: c.get(key, **kwargs))
-
-    def get_file(self, dest: str | os.PathLike[str], key: KeyLike | None = None, **kwargs: Any) -> BlobInfo:
-        return self._run(lambda c: c.get_file(dest, key, **kwargs))
-
-    def resume_file(self, partial: str | os.PathLike[str], key: KeyLike | None = None, **kwargs: Any) -> BlobInfo:
-        return self._run(lambda c: c.resume_file(partial, key, **kwargs))
-
-    def stat(self, key: KeyLike | None = None, **kwargs: Any) -> BlobInfo:
-        return self._run(lambda c: c.stat(key, **kwargs))
-
-    def delete(self, key: KeyLike | None = None, **kwargs: Any) -> None:
-        return self._run(lambda c: c.delete(key, **kwargs))
-
-    def delete_job(self, job: JobLike) -> None:
-        return self._run(lambda c: c.delete_job(job))
-
-    def list(self, job: JobLike) -> list[BlobInfo]:
-        return self._run(lambda c: c.list(job))
+    put = _blocking(AsyncBlobClient.put)
+    get = _blocking(AsyncBlobClient.get)
+    get_file = _blocking(AsyncBlobClient.get_file)
+    resume_file = _blocking(AsyncBlobClient.resume_file)
+    stat = _blocking(AsyncBlobClient.stat)
+    delete = _blocking(AsyncBlobClient.delete)
+    delete_job = _blocking(AsyncBlobClient.delete_job)
+    list = _blocking(AsyncBlobClient.list)
 
     def close(self) -> None:
         if self._state is _State.CLOSED:
