@@ -30,6 +30,7 @@ from ._exceptions import (
     WriteTimeout,
 )
 from ._ids import digest_of, new_job_id
+from .cache import BlobCache
 from .client import AsyncBlobClient, BlobClient, BlobInfo
 from .config import Settings
 from .server import BlobServer
@@ -41,6 +42,7 @@ __all__ = [
     "AuthRequired",
     "BadOffset",
     "BadRequest",
+    "BlobCache",
     "BlobClient",
     "BlobError",
     "BlobInfo",

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import click
 
-from .cache import DEFAULT_CLEANUP_INTERVAL, CacheStore
-from .config import parse_size
+from ._cli_settings import load_settings, setting_option
+from .cache import CacheStore
 
 __all__ = ["cache"]
 
@@ -24,14 +24,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _dir_option(command: _F) -> _F:
-    return click.option(
-        "--dir",
-        "directory",
-        required=True,
-        envvar="BLOBSVC_CACHE_DIR",
-        type=click.Path(file_okay=False, exists=True),
-        help="The cache directory (also BLOBSVC_CACHE_DIR).",
-    )(command)
+    return setting_option("cache_dir", "--dir", type=click.Path(file_okay=False))(command)
 
 
 def _json_option(command: _F) -> _F:
@@ -44,20 +37,14 @@ def _when(timestamp: float | None) -> str:
     return datetime.datetime.fromtimestamp(timestamp).isoformat(timespec="seconds")
 
 
-def _store(directory: str) -> CacheStore:
+def _store(ctx: click.Context, directory: str | None) -> CacheStore:
+    directory = str(load_settings(ctx, {"cache_dir": directory}).cache_dir)
     if not (Path(directory) / "content").is_dir():  # never lay a cache out in a stranger's directory
         raise click.ClickException(f"{directory} is not a blob cache: it has no content/ directory")
     try:
         return CacheStore(directory)
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    try:
-        return None if value is None else parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 @click.group(name="cache")
@@ -68,10 +55,11 @@ def cache() -> None:
 @cache.command(name="ls")
 @_dir_option
 @_json_option
-def ls(directory: str, as_json: bool) -> None:
+@click.pass_context
+def ls(ctx: click.Context, /, cache_dir: str | None, as_json: bool) -> None:
     """List cached blobs (key, size, last access, in use, jobs) and jobs (id, references,
     idle since, blobs), one per line."""
-    blobs, jobs = _store(directory).entries()
+    blobs, jobs = _store(ctx, cache_dir).entries()
     for blob in blobs:
         if as_json:
             click.echo(json.dumps({"blob": blob.key, **_fields(blob, "key")}))
@@ -94,9 +82,10 @@ def _fields(entry: Any, skip: str) -> dict[str, Any]:
 @cache.command()
 @_dir_option
 @_json_option
-def stats(directory: str, as_json: bool) -> None:
+@click.pass_context
+def stats(ctx: click.Context, /, cache_dir: str | None, as_json: bool) -> None:
     """Print totals: blobs and bytes, those in use, jobs, references, unfinished downloads."""
-    totals = dataclasses.asdict(_store(directory).stats())
+    totals = dataclasses.asdict(_store(ctx, cache_dir).stats())
     if as_json:
         click.echo(json.dumps(totals))
     else:
@@ -106,22 +95,25 @@ def stats(directory: str, as_json: bool) -> None:
 
 @cache.command()
 @_dir_option
-@click.option(
-    "--cleanup-interval",
-    type=click.FloatRange(min=0),
-    default=DEFAULT_CLEANUP_INTERVAL,
-    show_default=True,
-    help="Delete jobs without references for this many seconds.",
-)
-@click.option(
-    "--max-bytes", callback=_size, help="Evict least recently used blobs no job uses down to this size (e.g. 8GiB)."
-)
+@setting_option("cleanup_interval")
+@setting_option("cache_max_bytes", "--max-bytes")
 @click.option("--verify", is_flag=True, help="Also rehash every blob and repair what is wrong.")
-def gc(directory: str, cleanup_interval: float, max_bytes: int | None, verify: bool) -> None:
+@click.pass_context
+def gc(
+    ctx: click.Context,
+    /,
+    cache_dir: str | None,
+    cleanup_interval: str | None,
+    cache_max_bytes: str | None,
+    verify: bool,
+) -> None:
     """Delete expired jobs, forget dead processes' references, remove unfinished downloads
-    nobody is finishing, and with --max-bytes evict down to that size."""
-    store = _store(directory)
-    report = store.collect(cleanup_interval, max_bytes, partials=True)
+    nobody is finishing, and evict least recently used blobs no job uses down to the limit."""
+    settings = load_settings(
+        ctx, {"cache_dir": cache_dir, "cleanup_interval": cleanup_interval, "cache_max_bytes": cache_max_bytes}
+    )
+    store = _store(ctx, str(settings.cache_dir))
+    report = store.collect(settings.cleanup_interval, settings.cache_max_bytes, partials=True)
     click.echo(
         f"removed {len(report.removed_jobs)} jobs, evicted {len(report.evicted)} blobs ({report.freed_bytes} bytes), "
         f"removed {report.removed_partials} unfinished downloads"

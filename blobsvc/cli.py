@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import click
 
 from ._cache_cli import cache
+from ._cli_settings import load_settings, setting_option
 from ._exceptions import BlobError
 from .client import AsyncBlobClient, BlobInfo, Progress
 from .config import Settings
@@ -34,24 +35,11 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _T = TypeVar("_T")
 
 
-def _setting_option(name: str, *decls: str, **kwargs: Any) -> Callable[[_F], _F]:
-    """An option for a setting, with the setting's own help text; unset means "not given"."""
-    flag = "--" + name.replace("_", "-")
-    return click.option(flag, *decls, name, default=None, help=Settings.help(name), **kwargs)
-
-
 def client_options(command: _F) -> _F:
     """The options every command that talks to a server shares."""
     for name in reversed(("server", "timeout", "connect_timeout", "retries", "secret_file")):
-        command = _setting_option(name, *(["-s"] if name == "server" else []))(command)
+        command = setting_option(name, *(["-s"] if name == "server" else []))(command)
     return command
-
-
-def _settings(ctx: click.Context, options: dict[str, Any]) -> Settings:
-    try:
-        return Settings.load(options, config_file=ctx.obj)
-    except (ValueError, OSError) as exc:
-        raise click.UsageError(str(exc)) from None
 
 
 def _run(coroutine: Coroutine[Any, Any, _T]) -> _T:
@@ -119,15 +107,15 @@ def main(ctx: click.Context, config: str | None) -> None:
 
 
 @main.command()
-@_setting_option("host")
-@_setting_option("port")
-@_setting_option("data_dir", type=click.Path(file_okay=False))
-@_setting_option("max_blob_size")
-@_setting_option("max_connections")
-@_setting_option("idle_timeout")
-@_setting_option("io_timeout")
-@_setting_option("shutdown_timeout")
-@_setting_option("secret_file", type=click.Path(dir_okay=False, exists=True))
+@setting_option("host")
+@setting_option("port")
+@setting_option("data_dir", type=click.Path(file_okay=False))
+@setting_option("max_blob_size")
+@setting_option("max_connections")
+@setting_option("idle_timeout")
+@setting_option("io_timeout")
+@setting_option("shutdown_timeout")
+@setting_option("secret_file", type=click.Path(dir_okay=False, exists=True))
 @click.option("--verify-on-start/--no-verify-on-start", default=None, help=Settings.help("verify_on_start"))
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
 @click.pass_context
@@ -138,7 +126,7 @@ def serve(ctx: click.Context, /, log_level: str, **options: Any) -> None:
     blobs under a local data directory, standalone.
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = _settings(ctx, options)
+    settings = load_settings(ctx, options)
     try:
         _run(_serve(settings))
     except OSError as exc:
@@ -188,7 +176,7 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
     @click.pass_context
     def command(ctx: click.Context, /, **args: Any) -> None:
         setting_names = ("server", "timeout", "connect_timeout", "retries", "secret_file")
-        settings = _settings(ctx, {name: args.pop(name) for name in setting_names})
+        settings = load_settings(ctx, {name: args.pop(name) for name in setting_names})
 
         async def go() -> None:
             async with _client(settings) as client:

@@ -17,9 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_PORT", "ENV_PREFIX", "Settings", "parse_port_range", "parse_size"]
+__all__ = [
+    "DEFAULT_CACHE_MAX_BYTES",
+    "DEFAULT_CLEANUP_INTERVAL",
+    "DEFAULT_PORT",
+    "ENV_PREFIX",
+    "Settings",
+    "parse_port_range",
+    "parse_size",
+]
 
 DEFAULT_PORT = 6130
+# Flink keeps a released job's blobs for an hour (blob.service.cleanup.interval = 3600 s): long
+# enough for the next stage or a retried job to find them, short enough not to hoard.
+DEFAULT_CLEANUP_INTERVAL = 3600.0
+# The jars, wheels and models of a few jobs at once, well under an executor's local disk.
+DEFAULT_CACHE_MAX_BYTES = 10 << 30
 ENV_PREFIX = "BLOBSVC_"
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -85,6 +98,18 @@ def _default_data_dir() -> Path:
     return Path(base) / "blobsvc"
 
 
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "blobsvc"
+
+
+def _parse_interval(text: str | float) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(f"must not be negative: {text!r}")
+    return value
+
+
 def _setting(default: Any, parse: Callable[[Any], Any], help: str, *, factory: bool = False) -> Any:
     meta = {"parse": parse, "help": help}
     if factory:
@@ -119,6 +144,19 @@ class Settings:
     connect_timeout: float = _setting(10.0, _parse_seconds, "Seconds to wait for a connection.")
     timeout: float = _setting(60.0, _parse_seconds, "Seconds a client waits for a byte before giving up.")
     retries: int = _setting(3, _parse_count, "Attempts after the first for a failed connection or read.")
+    # executor cache
+    cache_dir: Path = _setting(
+        _default_cache_dir,
+        lambda v: Path(v).expanduser(),
+        "Directory of an executor host's blob cache, shared by its processes.",
+        factory=True,
+    )
+    cache_max_bytes: int = _setting(
+        DEFAULT_CACHE_MAX_BYTES, parse_size, "Bytes the cache may hold; unused blobs are evicted, oldest first."
+    )
+    cleanup_interval: float = _setting(
+        DEFAULT_CLEANUP_INTERVAL, _parse_interval, "Seconds a job's cached files stay after its last release."
+    )
     # both
     secret_file: Path | None = _setting(
         None, _optional_path, "File holding the shared secret; when set, the server requires AUTH."

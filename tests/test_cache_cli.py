@@ -81,5 +81,5 @@ def test_cache_commands_refuse_a_directory_that_is_not_a_cache(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
     code, _, err = run("cache", "gc", "--dir", str(tmp_path), "--max-bytes", "lots")
     assert code == 2 and "not a size" in err
-    code, _, err = run("cache", "ls")
-    assert code == 2 and "--dir" in err
+    code, _, err = run("cache", "ls", env={"XDG_CACHE_HOME": str(tmp_path)})  # the default: $XDG_CACHE_HOME/blobsvc
+    assert code == 1 and f"{tmp_path / 'blobsvc'} is not a blob cache" in err

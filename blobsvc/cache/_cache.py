@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from .._exceptions import BadOffset, BlobError, DigestMismatch, LocalProtocolError
 from .._ids import JobLike, KeyLike, job_bytes, key_bytes
 from .._protocol import name_error
@@ -22,11 +23,8 @@ __all__ = ["DEFAULT_CLEANUP_INTERVAL", "DEFAULT_MAX_BYTES", "BlobCache", "JobBlo
 
 log = logging.getLogger("blobsvc.cache")
 
-# Flink keeps a released job's blobs for an hour (blob.service.cleanup.interval = 3600 s): long
-# enough for the next stage or a retried job to find them, short enough not to hoard.
-DEFAULT_CLEANUP_INTERVAL = 3600.0
-# The jars, wheels and models of a few jobs at once, well under an executor's local disk.
-DEFAULT_MAX_BYTES = 10 << 30
+DEFAULT_CLEANUP_INTERVAL = config.DEFAULT_CLEANUP_INTERVAL
+DEFAULT_MAX_BYTES = config.DEFAULT_CACHE_MAX_BYTES
 # How often one path() starts over because the server's blob of a job name changed under it.
 MAX_NAME_CHANGES = 3
 # The janitor sweeps at least once per cleanup interval, so that a job whose last holder died
