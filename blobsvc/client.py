@@ -160,34 +160,56 @@ class _Sink(Protocol):
 
     async def write(self, data: bytes | bytearray | memoryview) -> None: ...
 
+    async def drain(self) -> None:
+        """Wait until every byte given to ``write`` is written."""
+
     async def reset(self) -> None: ...
 
 
 class _MemorySink:
+    """Keeps the received chunks as they are and joins them once at the end: one copy of the
+    blob, where a growing buffer would copy it again at every reallocation."""
+
     def __init__(self) -> None:
-        self.buffer = bytearray()
-
-    @property
-    def size(self) -> int:
-        return len(self.buffer)
-
-    async def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.buffer += data
-
-    async def reset(self) -> None:
-        self.buffer.clear()
-
-
-class _FileSink:
-    def __init__(self, file: Any) -> None:
-        self.file = file  # an aiofiles file
+        self.chunks: list[bytes] = []
         self.size = 0
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
-        await self.file.write(data)
+        self.chunks.append(bytes(data))  # no copy for bytes, which is what the socket gives
         self.size += len(data)
 
+    async def drain(self) -> None:
+        pass
+
     async def reset(self) -> None:
+        self.chunks.clear()
+        self.size = 0
+
+    def value(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class _FileSink:
+    """Writes to an aiofiles file. One write runs in a worker thread while the next chunk is
+    received and hashed, so the disk and the network overlap instead of taking turns."""
+
+    def __init__(self, file: Any, size: int = 0) -> None:
+        self.file = file
+        self.size = size  # bytes written or being written
+        self._writing: asyncio.Future[Any] | None = None
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        await self.drain()
+        self._writing = asyncio.ensure_future(self.file.write(data))
+        self.size += len(data)
+
+    async def drain(self) -> None:
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            await writing
+
+    async def reset(self) -> None:
+        await self.drain()
         await self.file.seek(0)
         await self.file.truncate()
         self.size = 0
@@ -276,7 +298,7 @@ class AsyncBlobClient:
         """The bytes of a blob, verified against its digest."""
         sink = _MemorySink()
         await self._fetch(_target(key, job, name), sink, timeout, progress)
-        return bytes(sink.buffer)
+        return sink.value()
 
     async def get_file(
         self,
@@ -330,8 +352,7 @@ class AsyncBlobClient:
             prefix = blake3.blake3()
             if held:
                 await asyncio.to_thread(prefix.update_mmap, partial)
-            sink = _FileSink(file)
-            sink.size = held
+            sink = _FileSink(file, held)
             info = await self._fetch(_target(key, job, name), sink, timeout, progress, prefix)
             await file.flush()
             await asyncio.to_thread(os.fsync, file.fileno())
@@ -500,15 +521,18 @@ class AsyncBlobClient:
                 hasher, expected = blake3.blake3(), header.digest
                 raise ConnectionClosed("the blob changed during the download; starting over")
             expected = header.digest
-            while True:
-                event = await channel.next_event(timeout)
-                if isinstance(event, EndOfBody):
-                    break
-                assert isinstance(event, Data)
-                hasher.update(event.data)
-                await sink.write(event.data)
-                if progress:
-                    progress(len(event.data))
+            try:
+                while True:
+                    event = await channel.next_event(timeout)
+                    if isinstance(event, EndOfBody):
+                        break
+                    assert isinstance(event, Data)
+                    hasher.update(event.data)
+                    await sink.write(event.data)
+                    if progress:
+                        progress(len(event.data))
+            finally:
+                await sink.drain()  # nothing may still be writing when the caller closes the file
             actual = hasher.digest()
             if actual != header.digest:
                 await sink.reset()

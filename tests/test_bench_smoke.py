@@ -1,0 +1,83 @@
+"""The throughput benchmark runs end to end with ``--quick`` and prints well-formed JSON lines.
+
+Speed is not asserted: this only proves the benchmark still works against the current server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+THROUGHPUT_FIELDS = {"bench", "bytes", "MB_s", "median_MB_s", "runs_MB_s", "seconds", "sender_cpu", "receiver_cpu"}
+RATIO_FIELDS = {"baseline", "ratio", "median_ratio", "target_ratio", "target_met"}
+SMALL_FIELDS = {
+    "bench",
+    "size",
+    "connections",
+    "ops",
+    "seconds",
+    "ops_s",
+    "MB_s",
+    "p50_ms",
+    "p99_ms",
+    "client_cpu",
+    "server_cpu",
+}
+EXPECTED = {
+    "setup": {"bench", "cpus", "python", "data_dir", "filesystem", "size", "repeat", "connections"},
+    "baseline_sendfile": THROUGHPUT_FIELDS,
+    "baseline_write_fsync": THROUGHPUT_FIELDS,
+    "baseline_read_send": THROUGHPUT_FIELDS | RATIO_FIELDS,
+    "put_8MiB": THROUGHPUT_FIELDS | RATIO_FIELDS,
+    "get_8MiB": THROUGHPUT_FIELDS | RATIO_FIELDS | {"path"},
+    "get_8MiB_copy": THROUGHPUT_FIELDS | RATIO_FIELDS | {"path"},
+    "client_put_8MiB": THROUGHPUT_FIELDS | RATIO_FIELDS,
+    "client_get_8MiB": THROUGHPUT_FIELDS | RATIO_FIELDS,
+    "baseline_publish_4KiB": SMALL_FIELDS - {"server_cpu"},
+    "put_4KiB": SMALL_FIELDS | {"baseline", "ratio"},
+    "get_4KiB": SMALL_FIELDS | {"path", "target_ops_s", "target_met"},
+    "get_4KiB_sendfile": SMALL_FIELDS | {"path"},
+    "get_64KiB_sendfile": SMALL_FIELDS | {"path"},
+    "get_64KiB_copy": SMALL_FIELDS | {"path"},
+    "get_1MiB_sendfile": SMALL_FIELDS | {"path"},
+    "get_1MiB_copy": SMALL_FIELDS | {"path"},
+}
+
+
+def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_server", "--quick", "--tmp-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert completed.returncode == 0, completed.stderr
+    records: list[dict[str, Any]] = [json.loads(line) for line in completed.stdout.splitlines()]
+    assert all(isinstance(record, dict) for record in records)
+
+    *measurements, summary = records
+    seen = {record["bench"]: record for record in measurements}
+    assert len(seen) == len(measurements), "each measurement is printed once"
+    assert set(seen) == set(EXPECTED)
+    for name, fields in EXPECTED.items():
+        assert fields <= set(seen[name]), f"{name} lacks {fields - set(seen[name])}"
+    for name, record in seen.items():
+        for key, value in record.items():
+            if key.endswith(("MB_s", "ops_s", "_ms", "_cpu", "ratio")) and not isinstance(value, list):
+                assert isinstance(value, int | float) and value >= 0, (name, key, value)
+    assert seen["get_4KiB"]["ops"] > 0 and seen["put_4KiB"]["ops"] > 0
+
+    assert set(summary) == {"summary", "targets_met"}
+    assert set(summary["targets_met"]) == {"get_8MiB", "put_8MiB", "get_4KiB"}
+    assert all(isinstance(met, bool) for met in summary["targets_met"].values())
+    assert summary["summary"]["get_8MiB_MB_s"] == seen["get_8MiB"]["MB_s"]
+    # The data directory is removed afterwards.
+    assert list(tmp_path.iterdir()) == []
