@@ -50,6 +50,20 @@ async def client(server: BlobServer) -> AsyncIterator[AsyncBlobClient]:
         yield connected
 
 
+def staging_files(data_dir: Path) -> list[str]:
+    """The names in a server's incoming/ directory."""
+    return sorted(os.listdir(data_dir / "incoming"))
+
+
+async def assert_no_staging(data_dir: Path) -> None:
+    """incoming/ is empty, or becomes so within moments: cleanup runs as a connection ends."""
+    for _ in range(300):
+        if not staging_files(data_dir):
+            return
+        await asyncio.sleep(0.01)
+    assert staging_files(data_dir) == [], "staging files left behind"
+
+
 def address_text(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
 

@@ -29,7 +29,7 @@ import pytest
 from blobsvc import AsyncBlobClient, BlobClient, BlobServer, BlobStorage, InsufficientStorage, NotFound, Settings
 from blobsvc.storage import StagedUpload
 
-from .conftest import ServerProcess
+from .conftest import ServerProcess, assert_no_staging, staging_files
 
 HELLO = b"BLOB\x01\x00"
 PUT, CONTENT, JOB = 0x00, 0x00, 0x01
@@ -81,10 +81,6 @@ def connect(server: ServerProcess) -> socket.socket:
     return sock
 
 
-def staging_files(data_dir: Path) -> list[Path]:
-    return sorted((data_dir / "incoming").iterdir())
-
-
 def wait_until(condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + STEP
     while not condition():
@@ -94,7 +90,7 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
 
 def staging_sizes(data_dir: Path) -> list[int]:
     sizes = []
-    for path in staging_files(data_dir):
+    for path in (data_dir / "incoming").iterdir():
         with contextlib.suppress(FileNotFoundError):  # published or removed meanwhile
             sizes.append(path.stat().st_size)
     return sorted(sizes)
@@ -342,15 +338,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     finally:
         if subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30).returncode != 0:
             subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
-
-
-async def assert_no_staging(data_dir: Path) -> None:
-    """incoming/ is empty, or becomes so within moments: cleanup runs as a connection ends."""
-    for _ in range(300):
-        if not staging_files(data_dir):
-            return
-        await asyncio.sleep(0.01)
-    assert staging_files(data_dir) == [], "staging files left behind"
 
 
 async def test_a_put_bigger_than_the_free_space_gets_insufficient_storage_and_leaves_nothing(

@@ -27,6 +27,8 @@ import pytest
 
 from blobsvc import AsyncBlobClient, AuthFailed, AuthRequired, BlobServer, Settings
 
+from .conftest import assert_no_staging, staging_files
+
 # --- the wire, from the spec --------------------------------------------------------------
 
 HELLO = b"BLOB\x01\x00"
@@ -191,10 +193,6 @@ async def raw_connection(server: BlobServer, *, handshake: bool = True) -> Async
         raw.close()
 
 
-def staging_files(data_dir: Path) -> list[str]:
-    return sorted(os.listdir(data_dir / "incoming"))
-
-
 async def wait_for_staging(data_dir: Path, *, size: int = 0) -> None:
     """Wait until an upload's staging file exists (and holds ``size`` bytes)."""
     async with asyncio.timeout(STEP):
@@ -203,15 +201,6 @@ async def wait_for_staging(data_dir: Path, *, size: int = 0) -> None:
             if files and (data_dir / "incoming" / files[0]).stat().st_size >= size:
                 return
             await asyncio.sleep(0.01)
-
-
-async def assert_no_staging(data_dir: Path) -> None:
-    """incoming/ is empty, or becomes so within moments: cleanup runs as a connection ends."""
-    for _ in range(300):
-        if not staging_files(data_dir):
-            return
-        await asyncio.sleep(0.01)
-    assert staging_files(data_dir) == [], "staging files left behind"
 
 
 async def assert_round_trip(raw: Raw) -> None:
