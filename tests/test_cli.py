@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
 import subprocess
 import sys
 from collections.abc import Callable
@@ -114,3 +116,31 @@ def test_serve_on_the_embedded_default_needs_no_options(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(15)
+
+
+def run_on_a_terminal(args: list[str], tmp_path: Path) -> tuple[int, str]:
+    """Run ``blobsvc`` with stderr on a pseudo-terminal, as a person at a shell would."""
+    main_fd, child_fd = pty.openpty()
+    with subprocess.Popen(
+        [sys.executable, "-m", "blobsvc", *args], stdout=subprocess.PIPE, stderr=child_fd, cwd=tmp_path
+    ) as process:
+        os.close(child_fd)
+        seen = b""
+        with contextlib.suppress(OSError):  # EIO once the child has closed its end
+            while chunk := os.read(main_fd, 4096):
+                seen += chunk
+        os.close(main_fd)
+        return process.wait(30), seen.decode(errors="replace")
+
+
+def test_large_transfers_show_a_progress_bar_on_a_terminal_only(server_thread: ServerThread, tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(8 << 20))
+    code, terminal = run_on_a_terminal(["put", str(big), "-s", server_thread.address], tmp_path)
+    assert code == 0 and "uploading" in terminal and "100%" in terminal
+    code, _, err = run("put", str(big), "-s", server_thread.address)  # stderr not a terminal
+    assert code == 0 and err == ""
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"x" * 1000)
+    code, terminal = run_on_a_terminal(["put", str(small), "-s", server_thread.address], tmp_path)
+    assert code == 0 and "uploading" not in terminal
