@@ -49,6 +49,8 @@ def _run(coroutine: Coroutine[Any, Any, _T]) -> _T:
             return runner.run(coroutine)
     except BlobError as exc:
         raise click.ClickException(str(exc)) from None
+    except ValueError as exc:  # a malformed key or job id
+        raise click.UsageError(str(exc)) from None
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -33,11 +33,14 @@ import blake3
 
 from ._exceptions import (
     AuthRequired,
+    BadOffset,
     Busy,
     ConnectionClosed,
     DigestMismatch,
     LocalProtocolError,
+    ReadTimeout,
     RemoteProtocolError,
+    ServerError,
     TransportError,
     error_for_code,
 )
@@ -279,12 +282,13 @@ class AsyncBlobClient:
             raise ValueError("a job-scoped blob needs both job and name")
         target = JobBlob(job_bytes(job), name) if job is not None and name is not None else None
         opener = _SourceOpener(source)
+        timeout = self.timeout if timeout is None else timeout
 
         async def attempt(channel: _Channel) -> str:
             async with opener() as (length, chunks):
                 return await self._put_on(channel, PutRequest(length, target), chunks, timeout, progress)
 
-        return await self._with_retries(attempt, retry=opener.rewindable)
+        return await self._with_retries(attempt, timeout, retry=opener.rewindable)
 
     async def get(
         self,
@@ -401,16 +405,19 @@ class AsyncBlobClient:
             await channel.send(request, timeout)
             return await channel.reply(timeout)
 
-        return await self._with_retries(attempt)
+        return await self._with_retries(attempt, timeout)
 
-    async def _with_retries(self, attempt: Callable[[_Channel], Awaitable[_T]], *, retry: bool = True) -> _T:
-        """Run ``attempt`` on a pooled connection, again after failures a retry can cure."""
+    async def _with_retries(
+        self, attempt: Callable[[_Channel], Awaitable[_T]], timeout: float, *, retry: bool = True
+    ) -> _T:
+        """Run ``attempt`` on a pooled connection, again after failures a retry can cure;
+        ``timeout`` bounds each wait of the connection's set-up too."""
         if self._state is _State.CLOSED:
             raise RuntimeError("this client is closed")
         tries = 1 + (self.retries if retry else 0)
         for number in range(tries):
             try:
-                channel = await self._acquire()
+                channel = await self._acquire(timeout)
                 try:
                     result = await attempt(channel)
                 finally:
@@ -423,23 +430,23 @@ class AsyncBlobClient:
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def _acquire(self) -> _Channel:
+    async def _acquire(self, timeout: float) -> _Channel:
         while self._idle:
             channel = self._idle.pop()
             if channel.stream.is_alive():
                 return channel
             channel.close()  # the server closed it while it sat idle (its idle timeout)
-        channel = _Channel(await connect(self.host, self.port, self.connect_timeout))
+        channel = _Channel(await connect(self.host, self.port, min(self.connect_timeout, timeout)))
         try:
-            await channel.send(Hello(), self.timeout)
-            hello = await channel.reply(self.timeout)
+            await channel.send(Hello(), timeout)
+            hello = await channel.reply(timeout)
             assert isinstance(hello, ServerHello)
             if hello.nonce is not None:
                 if self.secret is None:
                     raise AuthRequired(f"server {self.server} requires a shared secret")
                 mac = hmac.new(self.secret, hello.nonce, hashlib.sha256).digest()
-                await channel.send(AuthRequest(mac), self.timeout)
-                ok = await channel.reply(self.timeout)
+                await channel.send(AuthRequest(mac), timeout)
+                ok = await channel.reply(timeout)
                 assert isinstance(ok, AuthOk)
         except BaseException:
             channel.close()
@@ -483,10 +490,17 @@ class AsyncBlobClient:
             if sent != request.length:
                 raise LocalProtocolError(f"the source gave {sent} bytes, not the {request.length} announced")
             await channel.send(PutTrailer(hasher.digest()), timeout)
-            reply = await asyncio.wait_for(asyncio.shield(early), timeout)
-        except TransportError:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(early), 1.0)  # raises the error frame, if any
+            try:
+                reply = await asyncio.wait_for(asyncio.shield(early), timeout)
+            except TimeoutError:
+                raise ReadTimeout(f"no reply to a PUT within {timeout:g}s") from None
+        except TransportError as broken:
+            try:
+                await asyncio.wait_for(asyncio.shield(early), 1.0)
+            except ServerError as refused:
+                raise refused from broken  # the server said why before it closed
+            except Exception:
+                pass
             raise
         finally:
             if not early.done():
@@ -512,7 +526,15 @@ class AsyncBlobClient:
         async def attempt(channel: _Channel) -> BlobInfo:
             nonlocal hasher, expected
             await channel.send(GetRequest(target, sink.size), timeout)
-            header = await channel.reply(timeout)
+            try:
+                header = await channel.reply(timeout)
+            except BadOffset:
+                if expected is None:
+                    raise  # bytes held from before this call (resume_file) that the blob lacks
+                # The name now holds a blob shorter than what we have: start over.
+                await sink.reset()
+                hasher, expected = blake3.blake3(), None
+                raise ConnectionClosed("the blob changed during the download; starting over") from None
             assert isinstance(header, GetOk)
             if expected is not None and header.digest != expected:
                 # The name now holds another blob: what we have is of the old one.
@@ -542,7 +564,7 @@ class AsyncBlobClient:
                 )
             return BlobInfo(actual.hex(), header.size, target.name if isinstance(target, JobBlob) else None)
 
-        return await self._with_retries(attempt)
+        return await self._with_retries(attempt, timeout)
 
 
 class _SourceOpener:
@@ -613,6 +635,16 @@ def _blocking(
     return call
 
 
+async def _shut_down(client: AsyncBlobClient) -> None:
+    """Cancel the calls other threads still have in flight, so that they return (with
+    CancelledError) instead of waiting on a loop that is about to stop, then close."""
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+    await client.aclose()
+
+
 class BlobClient:
     """The blocking face of :class:`AsyncBlobClient`: the same methods, without ``await``.
 
@@ -628,6 +660,7 @@ class BlobClient:
         self._pid = -1
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: AsyncBlobClient | None = None
+        self._thread: threading.Thread | None = None
         self._state = _State.OPEN
 
     def _run(self, make: Callable[[AsyncBlobClient], Coroutine[Any, Any, _T]]) -> _T:
@@ -647,7 +680,8 @@ class BlobClient:
 
     def _start_loop(self) -> None:
         loop = asyncio.new_event_loop()
-        threading.Thread(target=loop.run_forever, name="blobsvc-client", daemon=True).start()
+        self._thread = threading.Thread(target=loop.run_forever, name="blobsvc-client", daemon=True)
+        self._thread.start()
         self._loop, self._pid = loop, os.getpid()
         self._client = AsyncBlobClient(self._server, **self._options)
 
@@ -668,9 +702,11 @@ class BlobClient:
         if self._state is _State.CLOSED:
             return
         if self._client is not None and self._pid == os.getpid():
-            self._run(lambda c: c.aclose())
-            assert self._loop is not None
+            assert self._loop is not None and self._thread is not None
+            asyncio.run_coroutine_threadsafe(_shut_down(self._client), self._loop).result()
             self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()  # its selector and wake-up sockets are descriptors too
         self._state = _State.CLOSED
 
     def __enter__(self) -> BlobClient:

@@ -211,8 +211,16 @@ class Settings:
         return host.strip("[]") or "127.0.0.1", int(port)
 
     def secret(self) -> bytes | None:
-        """The shared secret's bytes (surrounding whitespace dropped), if one is configured."""
-        return self.secret_file.read_bytes().strip() if self.secret_file else None
+        """The shared secret's bytes (surrounding whitespace dropped), if one is configured.
+
+        An empty file is an error, not "no secret": a secret file created before its secret
+        was written must not quietly turn authentication off."""
+        if self.secret_file is None:
+            return None
+        secret = self.secret_file.read_bytes().strip()
+        if not secret:
+            raise ValueError(f"secret file {self.secret_file} is empty")
+        return secret
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}

@@ -175,17 +175,25 @@ class BlobServer:
 _T = TypeVar("_T")
 
 
+async def _wait_out(future: asyncio.Future[Any]) -> None:
+    """Wait until work a worker thread does on an upload is done, through any number of
+    cancellations (shutdown, then a second Ctrl-C), and re-raise the cancellation after: the
+    caller removes the staging file next, and no thread may touch an upload after that."""
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait([future])
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+
+
 async def _finish(work: Awaitable[_T]) -> _T:
-    """Await work a worker thread does on an upload. If cancelled meanwhile (shutdown), still
-    wait for the thread before re-raising: the caller removes the staging file next, and no
-    thread may touch an upload after that."""
+    """The result of a worker thread's work on an upload, waited for even when cancelled."""
     future = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await future
-        raise
+    await _wait_out(future)
+    return future.result()
 
 
 def _bind(host: str, ports: range) -> socket.socket:
@@ -256,7 +264,7 @@ class _Connection:
         await self._next_event(self.settings.io_timeout)  # the preamble
         if self.server._over_limit():
             raise Busy(f"the server is at its limit of {self.settings.max_connections} connections")
-        nonce = secrets.token_bytes(32) if self.server._secret else None
+        nonce = secrets.token_bytes(32) if self.server._secret is not None else None
         await self._send(ServerHello(nonce=nonce))
         authenticated = nonce is None
         while not self.server._closing:
@@ -327,8 +335,9 @@ class _Connection:
             while True:
                 event = await self._next_event(self.settings.io_timeout)
                 if writing is not None:
-                    await asyncio.shield(writing)  # if cancelled, the finally waits for the thread
-                    writing = None
+                    await _wait_out(writing)
+                    written, writing = writing, None
+                    written.result()  # a full disk surfaces here
                 if isinstance(event, PutTrailer):
                     return event.digest
                 assert isinstance(event, Data)
@@ -338,8 +347,11 @@ class _Connection:
                     writing = loop.run_in_executor(None, upload.write, event.data)
         finally:
             if writing is not None:
-                # Never leave a thread writing to a staging file that is about to be removed.
-                await asyncio.shield(writing)
+                # Never leave a thread writing to a staging file that is about to be removed;
+                # the error that brought us here matters more than this write's own.
+                await _wait_out(writing)
+                if not writing.cancelled():
+                    writing.exception()
 
     async def _get(self, request: GetRequest) -> None:
         with self.storage.open_blob(request.target) as blob:

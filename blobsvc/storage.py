@@ -220,14 +220,26 @@ class BlobStorage:
                 if target is None:
                     with self._keys.hold(key):
                         self._store_object(upload, key)
-                        self._link_content(key)
+                        with self._collected_on_failure(key):
+                            self._link_content(key)
                 else:
                     with self._jobs.hold(target.job), self._keys.hold(key):
                         self._store_object(upload, key)
-                        replaced = self._link_job(key, target)
+                        with self._collected_on_failure(key):
+                            replaced = self._link_job(key, target)
         if replaced is not None and replaced != key:
             self._collect(replaced)
         return key
+
+    @contextlib.contextmanager
+    def _collected_on_failure(self, key: bytes) -> Iterator[None]:
+        """If linking a name fails (a full disk), drop the object again when no name has it,
+        so that a refused PUT really stores nothing. Use with the key's lock held."""
+        try:
+            yield
+        except BaseException:
+            self._collect_locked(key)
+            raise
 
     def _store_object(self, upload: StagedUpload, key: bytes) -> None:
         path = self.layout.object(key)
