@@ -71,9 +71,16 @@ class SocketStream:
                 return await self._loop.sock_recv(self.sock, max_bytes)
 
     async def send_all(self, data: bytes | bytearray | memoryview, timeout: float | None) -> None:
+        """Send everything; ``timeout`` bounds each wait for the peer to take more, so a
+        large send to a slow but live peer is not cut off."""
+        view = memoryview(data).cast("B")
         with _map_errors(WriteTimeout):
-            async with asyncio.timeout(timeout):
-                await self._loop.sock_sendall(self.sock, data)
+            while view:
+                try:
+                    view = view[self.sock.send(view) :]
+                except BlockingIOError:
+                    async with asyncio.timeout(timeout):
+                        await self._writable()
 
     async def sendfile(self, fd: int, offset: int, count: int, timeout: float) -> None:
         """Send ``count`` bytes of file ``fd`` from ``offset`` without copying them through
