@@ -166,7 +166,12 @@ class BlobServer:
             connection = _Connection(self, SocketStream(sock))
             task = asyncio.create_task(connection.run())
             self._connections[task] = connection
-            task.add_done_callback(self._connections.pop)
+            task.add_done_callback(self._connection_ended)
+
+    def _connection_ended(self, task: asyncio.Task[None]) -> None:
+        # Also for a task cancelled before it ran a step (at shutdown), whose own
+        # clean-up never ran.
+        self._connections.pop(task).end()
 
     def _over_limit(self) -> bool:
         return self._live > self.settings.max_connections
@@ -245,8 +250,12 @@ class _Connection:
             log.exception("%s: internal error", self.stream.peer)
             await self._refuse(InternalError.code, "internal server error")
         finally:
-            self._stop_counting()
-            self.stream.close()
+            self.end()
+
+    def end(self) -> None:
+        """Close the socket and give up the slot; safe to call more than once."""
+        self._stop_counting()
+        self.stream.close()
 
     def _stop_counting(self) -> None:
         if self._counted:
