@@ -9,6 +9,7 @@ Sizes accept a unit (``512MiB``, ``8G``); durations are seconds.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -77,8 +78,15 @@ def _parse_bool(text: str | bool) -> bool:
 
 def _parse_seconds(text: str | float) -> float:
     value = float(text)
-    if value <= 0:
-        raise ValueError(f"a duration must be positive, not {text!r}")
+    if not 0 < value < math.inf:  # also refuses nan
+        raise ValueError(f"a duration must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def _parse_positive(text: str | int) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1: {text!r}")
     return value
 
 
@@ -130,7 +138,7 @@ class Settings:
         _default_data_dir, lambda v: Path(v).expanduser(), "Directory the server stores blobs in.", factory=True
     )
     max_blob_size: int = _setting(8 << 30, parse_size, "Largest blob a PUT may store.")
-    max_connections: int = _setting(256, _parse_count, "Connections served at once; more are answered BUSY.")
+    max_connections: int = _setting(256, _parse_positive, "Connections served at once; more are answered BUSY.")
     idle_timeout: float = _setting(60.0, _parse_seconds, "Seconds a connection may sit idle between requests.")
     io_timeout: float = _setting(
         30.0, _parse_seconds, "Seconds a request may go without a byte moving before it is aborted."

@@ -42,6 +42,8 @@ def test_the_config_file_can_be_named_by_the_environment(tmp_path: Path) -> None
         ({"max_blob_size": "lots"}, "max_blob_size"),
         ({"port": "70000"}, "port"),
         ({"idle_timeout": "-1"}, "idle_timeout"),
+        ({"io_timeout": "nan"}, "io_timeout"),
+        ({"max_connections": "0"}, "max_connections"),
         ({"verify_on_start": "perhaps"}, "verify_on_start"),
     ],
 )
