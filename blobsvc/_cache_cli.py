@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +19,7 @@ import click
 
 from ._cli_settings import load_settings, setting_option
 from .cache import CacheStore
+from .config import ENV_PREFIX
 
 __all__ = ["cache"]
 
@@ -108,12 +111,17 @@ def gc(
     verify: bool,
 ) -> None:
     """Delete expired jobs, forget dead processes' references, remove unfinished downloads
-    nobody is finishing, and evict least recently used blobs no job uses down to the limit."""
+    nobody is finishing, and evict least recently used blobs no job uses down to the limit.
+
+    Blobs are evicted only when a limit is set: by --max-bytes, BLOBSVC_CACHE_MAX_BYTES or
+    cache_max_bytes in the --config file. The default limit is not applied, since the
+    executors may have opened the cache with a larger one."""
     settings = load_settings(
         ctx, {"cache_dir": cache_dir, "cleanup_interval": cleanup_interval, "cache_max_bytes": cache_max_bytes}
     )
     store = _store(ctx, str(settings.cache_dir))
-    report = store.collect(settings.cleanup_interval, settings.cache_max_bytes, partials=True)
+    max_bytes = settings.cache_max_bytes if _limit_set(ctx, cache_max_bytes) else None
+    report = store.collect(settings.cleanup_interval, max_bytes, partials=True)
     click.echo(
         f"removed {len(report.removed_jobs)} jobs, evicted {len(report.evicted)} blobs ({report.freed_bytes} bytes), "
         f"removed {report.removed_partials} unfinished downloads"
@@ -121,3 +129,16 @@ def gc(
     if verify:
         for warning in store.check(fix=True):
             click.echo(f"repaired: {warning}")
+
+
+def _limit_set(ctx: click.Context, option: str | None) -> bool:
+    """Whether the cache's byte limit was set rather than left at its default: Settings tell
+    its value but not where it came from, so look where it may be set (as Settings.load does,
+    which has already read and checked the file)."""
+    if option is not None or f"{ENV_PREFIX}CACHE_MAX_BYTES" in os.environ:
+        return True
+    config_file = ctx.find_root().obj or os.environ.get(f"{ENV_PREFIX}CONFIG")
+    if not config_file:
+        return False
+    with open(config_file, "rb") as f:
+        return any(key.replace("-", "_") == "cache_max_bytes" for key in tomllib.load(f))

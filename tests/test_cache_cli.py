@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -73,6 +75,48 @@ def test_gc_deletes_expired_jobs_evicts_to_a_size_and_repairs(server_thread: Ser
     code, out, _ = run("cache", "gc", "--dir", str(tmp_path), "--verify")
     assert code == 0 and f"repaired: {tmp_path / 'content' / job_key}: its bytes hash to" in out
     assert not (tmp_path / "jobs" / job).exists() and not list((tmp_path / "content").iterdir())
+
+
+def test_gc_evicts_only_down_to_a_limit_that_was_set(server_thread: ServerThread, tmp_path: Path) -> None:
+    """docs/cache.md: `gc` evicts down to a limit only when one is set (option, environment or
+    config file), never down to the settings' default of 10 GiB, whatever limit the executors
+    were opened with: on a host whose executors use 64 GiB, a cron'd `blobsvc cache gc` must
+    not empty the cache. (The 11 GiB here is one sparse file, standing for the blobs of a
+    large cache.)"""
+    cache_dir = tmp_path / "cache"
+    with BlobClient(server_thread.address) as client:
+        key = client.put(os.urandom(MiB))
+    with BlobCache(server_thread.address, cache_dir, max_bytes=64 << 30) as cache:
+        cache.path(key)
+    big = "ab" * 32
+    with open(cache_dir / "content" / big, "wb") as file:
+        file.truncate(11 << 30)
+    (cache_dir / "meta" / big).write_text(json.dumps({"size": 11 << 30, "mtime_ns": 0, "inode": 0, "boot": ""}))
+    os.utime(cache_dir / "meta" / key, (1, 1))  # the real blob: least recently used
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("BLOBSVC_")}
+
+    def gc(**env: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "blobsvc", "cache", "gc", "--dir", str(cache_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**clean, **env},
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    out = gc()
+    assert "evicted 0 blobs" in out, out
+    assert (cache_dir / "content" / key).exists()
+    out = gc(BLOBSVC_CACHE_MAX_BYTES="11GiB")  # set, if only in the environment: applied
+    assert f"evicted 1 blobs ({MiB} bytes)" in out, out
+    assert not (cache_dir / "content" / key).exists()
+    config = tmp_path / "blobsvc.toml"
+    config.write_text('cache-max-bytes = "1KiB"\n')
+    out = gc(BLOBSVC_CONFIG=str(config))  # or in the config file
+    assert "evicted 1 blobs" in out, out
+    assert not (cache_dir / "content" / big).exists()
 
 
 def test_cache_commands_refuse_a_directory_that_is_not_a_cache(tmp_path: Path) -> None:

@@ -1,15 +1,18 @@
 """BlobCache shared by real processes: one download per host, reference counts that survive
-SIGKILL, a download taken over from a killed process, and a stress run that leaves the
-directory sound.
+SIGKILL, a download taken over from a killed process, a fork that keeps no lock, a download
+waiting for the room of one in flight, and a stress run that leaves the directory sound.
 
 Children come from the "forkserver" context (never forked from this process, whose server
-runs in a thread) and are killed by PID at teardown if they are still running.
+runs in a thread) and are killed by PID at teardown if they are still running, as is any
+grandchild a child forks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import queue
 import random
 import signal
 import threading
@@ -53,12 +56,50 @@ def start() -> Iterator[Start]:
 
 
 @pytest.fixture
+def grandchildren() -> Iterator[list[int]]:
+    """PIDs of processes our children forked; killed by PID at teardown."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
 def uploader(server_thread: ServerThread) -> Iterator[BlobClient]:
     with BlobClient(server_thread.address, timeout=20) as client:
         yield client
 
 
+def _partials(cache_dir: Path) -> list[str]:
+    try:
+        return os.listdir(cache_dir / "partial")
+    except FileNotFoundError:
+        return []
+
+
 # --- what the children run -------------------------------------------------------------------
+
+
+def open_close_many(address: str, cache_dir: Path, key: str, out: Any) -> None:
+    """Open a cache, fetch through it, close it; a program that keeps the closed objects."""
+    closed = []
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    cache = BlobCache(address, cache_dir, timeout=10)
+    cache.path(key)
+    cache.close()
+    closed.append(cache)
+    before = fds()
+    for _ in range(10):
+        cache = BlobCache(address, cache_dir, timeout=10, verify_on_start=False)
+        cache._client.stat(key)  # the client's loop starts on first use, as in any miss
+        cache.close()
+        closed.append(cache)
+    time.sleep(0.2)
+    out.put((before, fds()))
 
 
 def fetch_at_once(address: str, cache_dir: Path, key: str, barrier: Any, results: Any) -> None:
@@ -80,6 +121,38 @@ def hold_job(address: str, cache_dir: Path, job: str, name: str, ready: Any, rel
 def fetch(address: str, cache_dir: Path, key: str) -> None:
     with BlobCache(address, cache_dir, timeout=30, retries=0) as cache:
         cache.path(key)
+
+
+def download_and_fork(address: str, cache_dir: Path, key: str, out: Any) -> None:
+    """A worker whose one thread downloads while another thread forks (multiprocessing's
+    "fork" start method, a Pool in a UDF): the forked process lives on, doing other work, and
+    never touches the cache."""
+    with BlobCache(address, cache_dir, timeout=30, retries=0) as cache:
+        thread = threading.Thread(target=cache.path, args=(key,))
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not _partials(cache_dir) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        pid = os.fork()
+        if pid == 0:  # the forked worker: busy with something else for a while
+            time.sleep(30)
+            os._exit(0)
+        out.put(("forked", pid))
+        thread.join(30)
+        out.put(("downloaded", str(cache.root / "content" / key)))
+
+
+def path_in_job(address: str, cache_dir: Path, job: str, name: str, out: Any) -> None:
+    with BlobCache(address, cache_dir, timeout=10, retries=0) as cache, cache.job(job) as blobs:
+        out.put(str(blobs.path(name)))
+
+
+def fetch_reporting(address: str, cache_dir: Path, key: str, max_bytes: int, out: Any) -> None:
+    try:
+        with BlobCache(address, cache_dir, max_bytes=max_bytes, timeout=30, retries=0) as cache:
+            out.put(("ok", hex_digest(cache.path(key))))
+    except Exception as exc:
+        out.put(("error", repr(exc)))
 
 
 def stress(
@@ -240,3 +313,72 @@ def test_processes_and_threads_at_random_leave_a_sound_cache_under_its_limit(
         assert cache.check() == []
         stats = cache.store.stats()
         assert stats.bytes <= STRESS_LIMIT and stats.references == 0 and stats.partials == 0
+
+
+def test_a_process_forked_during_a_download_does_not_hold_the_key_lock(
+    server_thread: ServerThread,
+    uploader: BlobClient,
+    tmp_path: Path,
+    start: Start,
+    grandchildren: list[int],
+) -> None:
+    """docs/cache.md, caveats, "A fork keeps no lock": a child forked while another thread
+    holds a key's lock closes its copy of the descriptor, so once the downloading thread of the
+    parent releases the lock, another executor asking for the same bytes as a job blob gets
+    them at once, not when the forked worker exits."""
+    data = os.urandom(4 * MiB)
+    key = uploader.put(data)
+    job = new_job_id()
+    assert uploader.put(data, job=job, name="lib/model.bin") == key
+    cache_dir = tmp_path / "cache"
+    out = CONTEXT.Queue()
+    with running(FaultyProxy(server_thread.server.address, throttle=0.01), server_thread) as proxy:
+        start(download_and_fork, proxy.address, cache_dir, key, out)
+        kind, pid = out.get(timeout=20)
+        assert kind == "forked"
+        grandchildren.append(pid)
+        kind, path = out.get(timeout=30)
+        assert kind == "downloaded" and hex_digest(Path(path)) == key
+    answers = CONTEXT.Queue()
+    start(path_in_job, server_thread.address, cache_dir, job, "lib/model.bin", answers)
+    try:
+        found = answers.get(timeout=8)
+    except queue.Empty:
+        os.kill(pid, signal.SIGKILL)  # the forked worker ends: its inherited descriptor closes
+        found = answers.get(timeout=10)
+        assert hex_digest(Path(found)) == key
+        pytest.fail("a process asking for a cached blob hung until a forked worker, that holds its key lock, died")
+    assert hex_digest(Path(found)) == key
+
+
+def test_a_download_waits_for_the_room_a_download_in_flight_holds(
+    server_thread: ServerThread, uploader: BlobClient, tmp_path: Path, start: Start
+) -> None:
+    """Invariant 9: only blobs in use by registered jobs make a download fail with CacheFull.
+    No job is registered here; one process is downloading another blob whose room, with this
+    one's, is over the limit: the second download waits for the first to end, then evicts it."""
+    limit = 10 * MiB
+    first, second = os.urandom(6 * MiB), os.urandom(6 * MiB)
+    key_a, key_b = uploader.put(first), uploader.put(second)
+    cache_dir = tmp_path / "cache"
+    slow, fast = CONTEXT.Queue(), CONTEXT.Queue()
+    with running(FaultyProxy(server_thread.server.address, throttle=0.02), server_thread) as proxy:
+        start(fetch_reporting, proxy.address, cache_dir, key_a, limit, slow)
+        assert wait_until(lambda: any(p.startswith(key_a) for p in _partials(cache_dir)), 20)
+        start(fetch_reporting, server_thread.address, cache_dir, key_b, limit, fast)
+        second_result = fast.get(timeout=30)
+        first_result = slow.get(timeout=30)
+    assert first_result == ("ok", key_a)
+    assert second_result == ("ok", key_b), second_result
+
+
+def test_close_frees_the_descriptors_of_the_client(
+    server_thread: ServerThread, uploader: BlobClient, tmp_path: Path, start: Start
+) -> None:
+    """Invariant 11, "a closed cache holds nothing": not even its client's event loop (an
+    epoll descriptor and a socket pair), which would otherwise wait for the garbage collector."""
+    key = uploader.put(os.urandom(64 << 10))
+    out = CONTEXT.Queue()
+    start(open_close_many, server_thread.address, tmp_path / "cache", key, out)
+    before, after = out.get(timeout=30)
+    assert after <= before, f"{after - before} descriptors leaked by 10 closed caches"

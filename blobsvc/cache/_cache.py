@@ -51,8 +51,10 @@ class BlobCache:
     shared between jobs: a job blob whose bytes are cached already costs a STAT, no download.
 
     The cache holds at most ``max_bytes``, evicting the least recently used blobs that no
-    registered job uses. Downloads get ``retries`` more attempts after a failure, ``backoff``
-    seconds doubling (with jitter) in between, and resume from the bytes already on disk.
+    registered job uses; when downloads in flight hold the room a download needs, it waits for
+    them up to ``timeout`` seconds before it fails with ``CacheFull``. Downloads get ``retries``
+    more attempts after a failure, ``backoff`` seconds doubling (with jitter) in between, and
+    resume from the bytes already on disk.
     With ``verify_on_start``, opening the cache removes downloads nobody is finishing and
     rehashes every file whose stamp is off or from before the host's last boot.
     """
@@ -76,6 +78,9 @@ class BlobCache:
         self.store = CacheStore(cache_dir)
         self.max_bytes = max_bytes
         self.cleanup_interval = cleanup_interval
+        # How long a download waits for others in flight to free the room it needs: as long
+        # as the client waits for a byte, since that is the time either side would stall anyway.
+        self._room_wait = timeout
         self._client = BlobClient(
             server, retries=retries, backoff=backoff, timeout=timeout, connect_timeout=connect_timeout, secret=secret
         )
@@ -137,7 +142,7 @@ class BlobCache:
     def _download(self, key: str, size: int, target: dict[str, Any]) -> None:
         """Fetch ``key`` (from ``target``, the client's arguments naming the blob) into its
         partial file and publish it. Holds the key's lock."""
-        partial = self.store.reserve(key, size, self.max_bytes)
+        partial = self.store.reserve(key, size, self.max_bytes, wait=self._room_wait)
         held = os.stat(partial).st_size
         try:
             info = self._client.resume_file(partial, **target)

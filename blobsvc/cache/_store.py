@@ -60,6 +60,7 @@ __all__ = [
 
 _JOB_HEX = 32
 _BACKDATE_NS = 2_000_000_000  # well beyond any file system's timestamp granularity (FAT: 2 s)
+_ROOM_POLL = 0.05  # how often a reservation waiting for downloads in flight looks again
 
 
 class CacheError(BlobError):
@@ -71,7 +72,13 @@ class TooLargeForCache(CacheError):
 
 
 class CacheFull(CacheError):
-    """Blobs in use by registered jobs leave no room for another under the byte limit."""
+    """Blobs in use by registered jobs leave no room for another under the byte limit, or
+    downloads in flight still hold it after a reservation has waited as long as it may."""
+
+
+class _RoomInFlight(CacheFull):
+    """No room now, but there would be without the downloads in flight and the blobs being
+    checked or linked right now: room that waiting can make."""
 
 
 def boot_id() -> str:
@@ -319,22 +326,37 @@ class CacheStore:
             self._remove_content(key, self._links())
         return False
 
-    def reserve(self, key: str, size: int, max_bytes: int) -> Path:
+    def reserve(self, key: str, size: int, max_bytes: int, *, wait: float = 0.0) -> Path:
         """The partial file to download ``key`` into, with room made for all of it by
         evicting what is least recently used. A partial left by an earlier attempt is kept,
-        so the download resumes. The caller holds the key's lock."""
+        so the download resumes. The caller holds the key's lock.
+
+        When the room is held by downloads in flight (or by blobs being checked or linked),
+        which end by themselves, this waits for them up to ``wait`` seconds, looking again
+        every ``_ROOM_POLL`` without the directory lock, before it raises :class:`CacheFull`.
+        It waits holding no partial file: its own is dropped first. A partial is thus held
+        only by a reservation that succeeded, whose download waits for no reservation, so two
+        reservations can never wait for each other."""
         if size > max_bytes:
             raise TooLargeForCache(
                 f"blob {key} is {size} bytes, more than the limit of {max_bytes} bytes of the cache at {self.root}"
             )
         partial = self.partial_dir / f"{key}.{size}"
-        with self.directory_lock():
-            for other in self._partials():  # an attempt at another size is no prefix of this one
-                if other.key == key and other.path != partial:
-                    _unlink(other.path)
-            self._make_room(size, max_bytes, keep=key)
-            partial.touch(exist_ok=True)
-        return partial
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                with self.directory_lock():
+                    for other in self._partials():  # an attempt at another size is no prefix of this one
+                        if other.key == key and other.path != partial:
+                            _unlink(other.path)
+                    self._make_room(size, max_bytes, keep=key)
+                    partial.touch(exist_ok=True)
+                return partial
+            except _RoomInFlight as exc:
+                if time.monotonic() >= deadline:
+                    raise CacheFull(f"{exc}, after waiting {wait:g} s for downloads in flight") from None
+            _unlink(partial)  # the bytes of an earlier attempt would hold room while we wait
+            time.sleep(_ROOM_POLL)
 
     def publish(self, key: str, partial: Path) -> Path:
         """Make a verified download visible: read-only, stamped, renamed into place in one
@@ -419,7 +441,10 @@ class CacheStore:
             leases.drop(lease)
             left = leases.count(purge=True)
             if left == 0:
-                self._idle_marker(job).touch()
+                # The job directory may be gone already (removed by hand, or by a check that
+                # found it broken): then there is nothing left to mark idle.
+                with contextlib.suppress(FileNotFoundError):
+                    self._idle_marker(job).touch()
         return left
 
     def references(self, job: str) -> int:
@@ -520,10 +545,17 @@ class CacheStore:
         used = sum(size for size, _ in files.values()) + sum(p.size for p in partials)
         if used + need <= max_bytes:
             return report
+        # What is not ours to remove now but frees itself: downloads in flight end, published
+        # or abandoned; blobs locked by a check or a link are free again a moment later.
+        passing = 0
         for partial in partials:  # abandoned downloads go first: they may never be finished
-            if used + need > max_bytes and self._drop_abandoned(partial):
+            if used + need <= max_bytes:
+                break
+            if self._drop_abandoned(partial):
                 used -= partial.size
                 report.removed_partials += 1
+            else:
+                passing += partial.size
         links = self._links()
         in_use = self._in_use(links)
         for key in sorted(files, key=lambda k: files[k][1]):
@@ -533,6 +565,7 @@ class CacheStore:
                 continue
             lock = self.key_lock(key)
             if not lock.acquire(blocking=False):
+                passing += files[key][0]
                 continue  # being checked or linked right now: not a candidate
             try:
                 freed = self._remove_content(key, links)
@@ -543,7 +576,8 @@ class CacheStore:
             report.freed_bytes += freed
             report.evicted.append(key)
         if strict and used + need > max_bytes:
-            raise CacheFull(
+            full = _RoomInFlight if passing and used - passing + need <= max_bytes else CacheFull
+            raise full(
                 f"the cache at {self.root} holds {used} bytes in use or in flight; {need} more do not fit "
                 f"under its limit of {max_bytes} bytes"
             )
@@ -700,7 +734,11 @@ class CacheStore:
             lock = self.key_lock(key)
             if lock.acquire(blocking=False):  # else its holder is writing it
                 try:
-                    stray(Path(entry.path), "a stamp of no blob")
+                    # Its blob may have been published since ``contents`` was listed (a download
+                    # that ended just before we took the lock): then the stamp is a fresh one.
+                    # A stamp half written, under its temporary name, is a stray either way.
+                    if entry.name != key or not self.content(key).exists():
+                        stray(Path(entry.path), "a stamp of no blob")
                 finally:
                     lock.release()
         for entry in _scandir(self.partial_dir):
