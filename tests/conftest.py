@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -148,3 +148,64 @@ def spawn_server(settings: Settings) -> Iterator[Callable[..., ServerProcess]]:
     yield spawn
     for spawned in started:
         spawned.kill()
+
+
+class CuttingProxy:
+    """A TCP relay on 127.0.0.1 in front of the server that cuts the first ``cuts``
+    connections after ``after`` bytes from the server (running ``on_cut`` before the client
+    sees the cut), and records what clients send."""
+
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        *,
+        cuts: int,
+        after: int,
+        on_cut: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.upstream, self.cuts, self.after, self.on_cut = upstream, cuts, after, on_cut
+        self.connections = 0
+        self.sent_by_clients: list[bytes] = []
+
+    async def __aenter__(self) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        limit = self.after if self.connections <= self.cuts else None
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        record = bytearray()
+        self.sent_by_clients.append(b"")
+        index = len(self.sent_by_clients) - 1
+
+        async def upstream() -> None:
+            while data := await reader.read(1 << 16):
+                record.extend(data)
+                self.sent_by_clients[index] = bytes(record)
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def downstream() -> None:
+            passed = 0
+            while data := await up_reader.read(1 << 16):
+                if limit is not None and passed + len(data) >= limit:
+                    writer.write(data[: limit - passed])
+                    await writer.drain()
+                    if self.on_cut is not None:
+                        await self.on_cut()
+                    return
+                passed += len(data)
+                writer.write(data)
+                await writer.drain()
+
+        tasks = [asyncio.ensure_future(upstream()), asyncio.ensure_future(downstream())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        writer.close()
+        up_writer.close()

@@ -33,7 +33,7 @@ from blobsvc import (
     new_job_id,
 )
 
-from .conftest import ServerThread, address_text
+from .conftest import CuttingProxy, ServerThread, address_text
 
 SIZES = [0, 1, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 10 << 20]
 
@@ -191,57 +191,6 @@ async def test_connections_are_reused(server: BlobServer) -> None:
 
 
 # --- failures the client must survive or report ----------------------------------------
-
-
-class CuttingProxy:
-    """A TCP relay on 127.0.0.1 in front of the server that cuts the first ``cuts``
-    connections after ``after`` bytes from the server, and records what clients send."""
-
-    def __init__(self, upstream: tuple[str, int], *, cuts: int, after: int) -> None:
-        self.upstream, self.cuts, self.after = upstream, cuts, after
-        self.connections = 0
-        self.sent_by_clients: list[bytes] = []
-
-    async def __aenter__(self) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return host, port
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._server.close()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        limit = self.after if self.connections <= self.cuts else None
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        record = bytearray()
-        self.sent_by_clients.append(b"")
-        index = len(self.sent_by_clients) - 1
-
-        async def upstream() -> None:
-            while data := await reader.read(1 << 16):
-                record.extend(data)
-                self.sent_by_clients[index] = bytes(record)
-                up_writer.write(data)
-                await up_writer.drain()
-
-        async def downstream() -> None:
-            passed = 0
-            while data := await up_reader.read(1 << 16):
-                if limit is not None and passed + len(data) >= limit:
-                    writer.write(data[: limit - passed])
-                    await writer.drain()
-                    return
-                passed += len(data)
-                writer.write(data)
-                await writer.drain()
-
-        tasks = [asyncio.ensure_future(upstream()), asyncio.ensure_future(downstream())]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            task.cancel()
-        writer.close()
-        up_writer.close()
 
 
 async def test_a_broken_get_resumes_from_the_bytes_received(server: BlobServer) -> None:

@@ -14,7 +14,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from blobsvc import (
 from blobsvc.cli import main
 from blobsvc.storage import StagedUpload
 
-from .conftest import assert_no_staging
+from .conftest import CuttingProxy, assert_no_staging
 
 HELLO = b"BLOB\x01\x00"
 STEP = 5.0
@@ -123,52 +122,6 @@ async def test_an_error_frame_received_during_a_stalled_send_is_raised_not_the_b
 # --- 4. a resumed GET of a name replaced by a shorter blob ends in BadOffset -------------
 
 
-class CutOnceProxy:
-    """A relay on 127.0.0.1 that cuts its first connection after ``after`` bytes from the
-    server, running ``on_cut`` before the client sees the cut."""
-
-    def __init__(self, upstream: tuple[str, int], after: int, on_cut: Callable[[], Awaitable[None]]) -> None:
-        self.upstream, self.after, self.on_cut = upstream, after, on_cut
-        self.connections = 0
-
-    async def __aenter__(self) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return host, port
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._server.close()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        cut = self.connections == 1
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-
-        async def upstream() -> None:
-            while data := await reader.read(1 << 16):
-                up_writer.write(data)
-                await up_writer.drain()
-
-        async def downstream() -> None:
-            passed = 0
-            while data := await up_reader.read(1 << 16):
-                if cut and passed + len(data) >= self.after:
-                    writer.write(data[: self.after - passed])
-                    await writer.drain()
-                    await self.on_cut()
-                    return
-                passed += len(data)
-                writer.write(data)
-                await writer.drain()
-
-        tasks = [asyncio.ensure_future(upstream()), asyncio.ensure_future(downstream())]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            task.cancel()
-        writer.close()
-        up_writer.close()
-
-
 async def test_a_get_resumed_after_its_name_was_replaced_by_a_shorter_blob_returns_the_new_blob(
     server: BlobServer,
 ) -> None:
@@ -180,7 +133,7 @@ async def test_a_get_resumed_after_its_name_was_replaced_by_a_shorter_blob_retur
         async def replace_the_blob() -> None:
             await direct.put(new, job=job, name=name)
 
-        proxy = CutOnceProxy(server.address, after=MiB, on_cut=replace_the_blob)
+        proxy = CuttingProxy(server.address, cuts=1, after=MiB, on_cut=replace_the_blob)
         async with proxy as address, AsyncBlobClient(address, retries=2, backoff=0.01) as client:
             # is: BadOffset("offset 1048535 is past the end of a 26-byte blob"), for a plain get()
             assert await client.get(job=job, name=name) == new
