@@ -25,6 +25,7 @@ from ._cli_settings import load_settings, setting_option
 from ._exceptions import BlobError
 from .client import AsyncBlobClient, BlobInfo, Progress
 from .config import Settings
+from .http import blob_url
 from .server import BlobServer
 
 __all__ = ["main"]
@@ -117,6 +118,7 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("idle_timeout")
 @setting_option("io_timeout")
 @setting_option("shutdown_timeout")
+@setting_option("http_port")
 @setting_option("secret_file", type=click.Path(dir_okay=False, exists=True))
 @click.option("--verify-on-start/--no-verify-on-start", default=None, help=Settings.help("verify_on_start"))
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
@@ -163,6 +165,9 @@ async def _serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, on_signal)
     host, port = server.address
     click.echo(f"listening on {host}:{port}")
+    if server.http_address is not None:
+        http_host, http_port = server.http_address
+        click.echo(f"http listening on {http_host}:{http_port}")
     sys.stdout.flush()
     serving = asyncio.create_task(server.serve_forever())
     await stop.wait()
@@ -274,6 +279,46 @@ def _print_infos(infos: list[BlobInfo], as_json: bool) -> None:
             click.echo(json.dumps({"key": info.key, "size": info.size, "name": info.name}))
         else:
             click.echo("\t".join(str(v) for v in (info.key, info.size, info.name) if v is not None))
+
+
+@main.command()
+@click.argument("key", required=False)
+@click.option("--job", "-j", help="Job id of a job-scoped blob.")
+@click.option("--name", "-n", help="Name of the blob within --job (with KEY: the file name the URL ends with).")
+@click.option(
+    "--http-url",
+    help="Base URL of the server's HTTP face, e.g. http://blobs.example.org:6180 "
+    "(default: http://<--server host>:<--http-port>).",
+)
+@click.option(
+    "--expires-in", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
+    help="Seconds a signed URL stays valid.",
+)  # fmt: skip
+@setting_option("server", "-s")
+@setting_option("http_port")
+@setting_option("secret_file", type=click.Path(dir_okay=False, exists=True))
+@click.pass_context
+def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | None, http_url: str | None,
+        expires_in: float, **options: Any) -> None:  # fmt: skip
+    """Print an HTTP URL of a blob, for curl, pip or Spark (spark.jars, spark.files).
+
+    The URL is signed with the shared secret when --secret-file (or BLOBSVC_SECRET_FILE) is set.
+    """
+    settings = load_settings(ctx, options)
+    if key is None and (job is None or name is None):
+        raise click.UsageError("name the blob with a KEY, or --job and --name")
+    if key is not None and job is not None:
+        raise click.UsageError("give a KEY or --job, not both")
+    if http_url is None:
+        ports = settings.http_ports
+        if ports is None or len(ports) != 1 or ports.start == 0:
+            raise click.UsageError("give --http-url, or --http-port (one port) to go with --server's host")
+        host = settings.server_address[0]
+        http_url = f"http://{f'[{host}]' if ':' in host else host}:{ports.start}"
+    try:
+        click.echo(blob_url(http_url, key=key, job=job, name=name, secret=settings.secret(), expires_in=expires_in))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 main.add_command(cache)

@@ -147,6 +147,11 @@ class Settings:
         10.0, _parse_seconds, "Seconds in-flight requests get to finish on SIGTERM or SIGINT."
     )
     verify_on_start: bool = _setting(True, _parse_bool, "Rehash every stored blob at start and drop corrupt ones.")
+    http_port: str | None = _setting(
+        None,
+        _parse_port,
+        "Port of the read-only HTTP face (GET/HEAD of blobs; signed URLs when a secret is set); off when unset.",
+    )
     # client
     server: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", str, "host:port of the server the client commands use.")
     connect_timeout: float = _setting(10.0, _parse_seconds, "Seconds to wait for a connection.")
@@ -212,6 +217,10 @@ class Settings:
     @property
     def ports(self) -> range:
         return parse_port_range(self.port)
+
+    @property
+    def http_ports(self) -> range | None:
+        return None if self.http_port is None else parse_port_range(self.http_port)
 
     @property
     def server_address(self) -> tuple[str, int]:

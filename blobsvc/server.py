@@ -31,7 +31,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ._exceptions import (
@@ -69,6 +69,7 @@ from ._protocol import (
     StatRequest,
 )
 from .config import Settings
+from .http import HttpConnection, HttpFace
 from .storage import BlobStorage, RecoveryReport, StagedUpload
 
 __all__ = ["BlobServer"]
@@ -94,8 +95,11 @@ class BlobServer:
         self.storage = storage or BlobStorage(self.settings.data_dir, verify_on_start=self.settings.verify_on_start)
         self._secret = self.settings.secret()
         self._listener: socket.socket | None = None
-        self._accepting: asyncio.Task[None] | None = None
-        self._connections: dict[asyncio.Task[None], _Connection] = {}
+        self._http_listener: socket.socket | None = None
+        self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
+        self._connections: dict[asyncio.Task[None], _Connection | HttpConnection] = {}
+        self.http = HttpFace(self)
+        """The HTTP face's routes (on when ``http_port`` is set); see :mod:`blobsvc.http`."""
         # Connections that count against max_connections: every accepted one until it ends
         # or starts its lingering close, so refused clients draining out cannot crowd out others.
         self._live = 0
@@ -110,15 +114,32 @@ class BlobServer:
         host, port, *_ = self._listener.getsockname()
         return host, port
 
+    @property
+    def http_address(self) -> tuple[str, int] | None:
+        """The HTTP face's bound ``(host, port)``, None when ``http_port`` is not set."""
+        if self._http_listener is None:
+            return None
+        host, port, *_ = self._http_listener.getsockname()
+        return host, port
+
     async def start(self) -> None:
         self.recovery = await asyncio.to_thread(self.storage.recover)
         self._listener = _bind(self.settings.host, self.settings.ports)
-        self._accepting = asyncio.create_task(self._accept_loop())
+        self._accepting.append(asyncio.create_task(self._accept_loop(self._listener, self._binary_connection)))
+        if self.settings.http_ports is not None:
+            self._http_listener = _bind(self.settings.host, self.settings.http_ports)
+            self._accepting.append(asyncio.create_task(self._accept_loop(self._http_listener, self._http_connection)))
+
+    def _binary_connection(self, sock: socket.socket) -> _Connection:
+        return _Connection(self, SocketStream(sock))
+
+    def _http_connection(self, sock: socket.socket) -> HttpConnection:
+        return HttpConnection(self, SocketStream(sock))
 
     async def serve_forever(self) -> None:
-        assert self._accepting is not None, "start() first"
+        assert self._accepting, "start() first"
         with contextlib.suppress(asyncio.CancelledError):
-            await self._accepting
+            await asyncio.gather(*self._accepting)
 
     async def __aenter__(self) -> BlobServer:
         await self.start()
@@ -132,12 +153,13 @@ class BlobServer:
         (``shutdown_timeout`` by default), cancel what is left."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
         self._closing = True
-        if self._accepting is not None:
-            self._accepting.cancel()
+        for accepting in self._accepting:
+            accepting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._accepting
-        if self._listener is not None:
-            self._listener.close()
+                await accepting
+        for listener in (self._listener, self._http_listener):
+            if listener is not None:
+                listener.close()
         for task, connection in list(self._connections.items()):
             if not connection.busy:
                 task.cancel()
@@ -153,17 +175,18 @@ class BlobServer:
         for task in self._connections:
             task.cancel()
 
-    async def _accept_loop(self) -> None:
-        assert self._listener is not None
+    async def _accept_loop(
+        self, listener: socket.socket, serve: Callable[[socket.socket], _Connection | HttpConnection]
+    ) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                sock, _ = await loop.sock_accept(self._listener)
+                sock, _ = await loop.sock_accept(listener)
             except OSError as exc:  # EMFILE and friends: back off rather than spin
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            connection = _Connection(self, SocketStream(sock))
+            connection = serve(sock)
             task = asyncio.create_task(connection.run())
             self._connections[task] = connection
             task.add_done_callback(self._connection_ended)

@@ -1,0 +1,441 @@
+"""The read-only HTTP face of the BlobServer: GET and HEAD of blobs for Spark's fetcher, pip, curl.
+
+Spark reads ``http(s)://`` URLs in ``spark.jars``, ``spark.archives``, ``spark.files`` and
+``sc.addJar`` with its own fetcher, which knows nothing of blobsvc's binary protocol and sends
+no custom headers. This face serves the same blobs as the binary GET, read-only:
+
+* ``/blobs/<key hex>`` — a content-addressed blob; ``/blobs/<key hex>/<file name>`` is the same
+  blob under a file name of the caller's choice (fetchers name the file after the last segment);
+* ``/jobs/<job hex>/<name>`` — a job-scoped blob. Each ``/``-separated part of the name is
+  percent-encoded on its own and the parts are joined with a literal ``/``, so the URL's last
+  segment is the blob's basename (``/jobs/<job>/lib/udfs.jar`` → name ``lib/udfs.jar``).
+
+When the server has a shared secret, every request needs ``?expires=<unix seconds>&signature=
+<hex HMAC-SHA256>`` over the blob's canonical path and the expiry (like an S3 presigned URL):
+the driver holding the secret mints URLs with :func:`blob_url` and executors use them as they
+are. docs/protocol.md ("The HTTP face") is the contract: URLs, headers, the string signed.
+
+Layers, in h11's sans-IO spirit: :class:`HttpFace` turns an :class:`HttpRequest` into an
+:class:`HttpResponse` through a table of routes keyed by the path's first segment (the seam for
+``/metrics``); :class:`HttpConnection` is the thin I/O loop that feeds socket bytes to an
+``h11.Connection`` and sends bodies with ``sendfile``. It runs under the BlobServer's accept
+machinery, so HTTP and binary connections share ``max_connections``, the timeouts and the
+graceful shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import TYPE_CHECKING, cast
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+import h11
+
+from ._exceptions import InternalError, LocalProtocolError, NotFound, TransportError
+from ._ids import JobLike, KeyLike, job_bytes, key_bytes
+from ._netio import SocketStream
+from ._protocol import ContentKey, JobBlob
+from .storage import OpenBlob
+
+if TYPE_CHECKING:
+    from .server import BlobServer
+
+__all__ = ["HttpConnection", "HttpFace", "HttpRequest", "HttpResponse", "blob_path", "blob_url", "url_signature"]
+
+log = logging.getLogger("blobsvc.http")
+
+# A request line plus headers larger than this is refused with 431. Fetchers send a few hundred
+# bytes; 16 KiB is h11's own default and above nginx's usual 8 KiB.
+MAX_HEADER_BYTES = 16 << 10
+RECV_SIZE = 64 << 10
+# Bodies up to this size go out with their headers in one send; sendfile pays off above it.
+INLINE_BODY_LIMIT = 64 << 10
+# Prefixes the string a URL signature covers, so it can never be mistaken for another MAC
+# made with the same secret (the binary AUTH signs a random 32-byte nonce).
+SIGNATURE_CONTEXT = "blobsvc-url-v1"
+DEFAULT_EXPIRES_IN = 3600.0
+
+_READ_METHODS = ("GET", "HEAD")
+_EXPIRES = re.compile(r"[0-9]{1,12}")
+_SIGNATURE = re.compile(r"[0-9a-fA-F]{64}")
+
+
+# --- URLs and signatures ----------------------------------------------------------------
+
+
+def _quote_part(part: str) -> str:
+    # "." and ".." would be collapsed by URL normalisation in clients; encode them.
+    if part in {".", ".."}:
+        return part.replace(".", "%2E")
+    return quote(part, safe="")
+
+
+def blob_path(*, key: KeyLike | None = None, job: JobLike | None = None, name: str | None = None) -> str:
+    """The canonical URL path of a blob: ``key`` (with an optional download file ``name``), or
+    ``job`` and ``name``. This path, not the request's spelling of it, is what is signed."""
+    if key is not None and job is None:
+        path = f"/blobs/{key_bytes(key).hex()}"
+        if name is None:
+            return path
+    elif key is None and job is not None and name is not None:
+        JobBlob(job_bytes(job), name)  # refuses names the server would refuse
+        path = f"/jobs/{job_bytes(job).hex()}"
+    else:
+        raise ValueError("name the blob with key= (and optionally name=), or with job= and name=")
+    if not name:
+        raise ValueError("a blob name must not be empty")
+    return path + "/" + "/".join(_quote_part(part) for part in name.split("/"))
+
+
+def url_signature(secret: bytes, path: str, expires: int) -> str:
+    """Hex HMAC-SHA256 under ``secret`` of ``"blobsvc-url-v1\\n<path>\\n<expires>"``."""
+    message = f"{SIGNATURE_CONTEXT}\n{path}\n{expires}".encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def blob_url(
+    base_url: str,
+    *,
+    key: KeyLike | None = None,
+    job: JobLike | None = None,
+    name: str | None = None,
+    secret: bytes | str | None = None,
+    expires_in: float = DEFAULT_EXPIRES_IN,
+) -> str:
+    """An HTTP URL of a blob on the server whose HTTP face is at ``base_url``
+    (``http://host:port``), signed to stay valid ``expires_in`` seconds when ``secret`` is given.
+
+    ``blob_url(base, job=job, name="lib/udfs.jar", secret=secret)`` gives
+    ``http://host:port/jobs/<job>/lib/udfs.jar?expires=…&signature=…``; ``key=`` names content
+    (``name=`` then only sets the file name the URL ends with). Pass the server's shared secret
+    (``Settings.secret()``) when it requires auth; without one the URL carries no signature.
+    """
+    path = blob_path(key=key, job=job, name=name)
+    url = base_url.rstrip("/") + path
+    if secret is None:
+        return url
+    if isinstance(secret, str):
+        secret = secret.encode()
+    expires = int(time.time() + expires_in)
+    return f"{url}?expires={expires}&signature={url_signature(secret, path, expires)}"
+
+
+# --- requests, responses, routes --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    """What a route sees of a request: the method, the percent-encoded path, the query, and
+    the headers by lower-case name (repeated headers joined with ``", "``)."""
+
+    method: str
+    path: str
+    query: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_h11(cls, event: h11.Request) -> HttpRequest:
+        target = urlsplit(event.target.decode("latin-1"))
+        headers: dict[str, str] = {}
+        for name, value in event.headers:
+            key = name.decode("latin-1")
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        return cls(event.method.decode("latin-1"), target.path, dict(parse_qsl(target.query)), headers)
+
+
+@dataclass
+class HttpResponse:
+    """A status, headers, and a body: ``body`` bytes, or ``count`` bytes of ``file`` from
+    ``offset``. The response owns ``file`` and closes it once sent (or dropped)."""
+
+    status: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+    file: OpenBlob | None = None
+    offset: int = 0
+    count: int = 0
+
+    @property
+    def content_length(self) -> int:
+        return self.count if self.file is not None else len(self.body)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def text_response(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> HttpResponse:
+    """A short plain-text answer, as every error gets."""
+    headers = [("Content-Type", "text/plain; charset=utf-8"), *(headers or [])]
+    return HttpResponse(status, headers, (message + "\n").encode())
+
+
+Route = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+class HttpFace:
+    """Requests to responses for one server: ``routes`` maps a path's first segment to the
+    coroutine that answers it (``"blobs"``, ``"jobs"``; ``/metrics`` goes in here too). A
+    route checks its own authorisation; the blob routes require a signed URL when the server
+    has a secret."""
+
+    def __init__(self, server: BlobServer) -> None:
+        self.storage = server.storage
+        self.secret = server._secret
+        self.routes: dict[str, Route] = {"blobs": self._blob, "jobs": self._blob}
+
+    async def respond(self, request: HttpRequest) -> HttpResponse:
+        if request.method not in _READ_METHODS:
+            return text_response(405, f"{request.method} is not allowed: this face is read-only (GET, HEAD)",
+                                 [("Allow", "GET, HEAD")])  # fmt: skip
+        route = self.routes.get(request.path.split("/", 2)[1] if request.path.startswith("/") else "")
+        if route is None:
+            return text_response(404, "nothing here: blobs are at /blobs/<key> and /jobs/<job>/<name>")
+        try:
+            return await route(request)
+        except NotFound as exc:
+            return text_response(404, str(exc))
+        except InternalError as exc:
+            return text_response(500, str(exc))
+
+    async def _blob(self, request: HttpRequest) -> HttpResponse:
+        try:
+            target, path = _parse_blob_path(request.path)
+        except (ValueError, LocalProtocolError) as exc:
+            return text_response(400, f"not a blob URL: {exc}")
+        if self.secret is not None:
+            problem = _signature_problem(self.secret, path, request.query)
+            if problem:
+                return text_response(403, problem)
+        blob = self.storage.open_blob(target)
+        try:
+            return _blob_response(request, blob)
+        except BaseException:
+            blob.close()
+            raise
+
+
+def _parse_blob_path(path: str) -> tuple[ContentKey | JobBlob, str]:
+    """The blob a URL path names, and its canonical path (what a signature covers)."""
+    parts = path.split("/")
+    if len(parts) >= 3 and parts[1] == "blobs":
+        name = _unquote_name(parts[3:]) if len(parts) > 3 else None
+        key = key_bytes(parts[2])
+        return ContentKey(key), blob_path(key=key, name=name)
+    if len(parts) >= 4 and parts[1] == "jobs":
+        job, name = job_bytes(parts[2]), _unquote_name(parts[3:])
+        return JobBlob(job, name), blob_path(job=job, name=name)
+    raise ValueError("expected /blobs/<key hex> or /jobs/<job hex>/<name>")
+
+
+def _unquote_name(parts: list[str]) -> str:
+    try:
+        return "/".join(unquote(part, errors="strict") for part in parts)
+    except UnicodeDecodeError:
+        raise ValueError("the name is not percent-encoded UTF-8") from None
+
+
+def _signature_problem(secret: bytes, path: str, query: Mapping[str, str]) -> str | None:
+    """Why the query does not authorise reading ``path``, or None when it does."""
+    expires, signature = query.get("expires"), query.get("signature")
+    if expires is None or signature is None:
+        return "this server requires a signed URL (?expires=…&signature=…); mint one with `blobsvc url`"
+    if not _EXPIRES.fullmatch(expires) or not _SIGNATURE.fullmatch(signature):
+        return "malformed signed URL: expires is unix seconds, signature 64 hex digits"
+    if not hmac.compare_digest(url_signature(secret, path, int(expires)), signature.lower()):
+        return "bad signature: the URL was altered or signed with another secret"
+    if int(expires) < time.time():
+        return f"the signed URL expired at {int(expires)} (unix time); mint a new one"
+    return None
+
+
+def _blob_response(request: HttpRequest, blob: OpenBlob) -> HttpResponse:
+    """The answer for an open blob: 200, 206, 304 or 416 (the file closed when unused)."""
+    etag = f'"{blob.digest.hex()}"'
+    headers = [("ETag", etag), ("Accept-Ranges", "bytes"), ("Content-Type", "application/octet-stream")]
+    if _etag_matches(request.headers.get("if-none-match"), etag):
+        blob.close()
+        return HttpResponse(304, headers[:1])
+    wanted = request.headers.get("range")
+    if_range = request.headers.get("if-range")
+    if wanted is None or (if_range is not None and if_range.strip() != etag):
+        return HttpResponse(200, headers, file=blob, count=blob.size)
+    span = parse_range(wanted, blob.size)
+    if span is None:
+        return HttpResponse(200, headers, file=blob, count=blob.size)
+    if not span:
+        blob.close()
+        return text_response(
+            416, f"range {wanted!r} is outside the {blob.size}-byte blob", [("Content-Range", f"bytes */{blob.size}")]
+        )
+    headers.append(("Content-Range", f"bytes {span.start}-{span.stop - 1}/{blob.size}"))
+    return HttpResponse(206, headers, file=blob, offset=span.start, count=len(span))
+
+
+def _etag_matches(header: str | None, etag: str) -> bool:
+    """If-None-Match's weak comparison: ``*`` or any listed tag, ``W/`` or not."""
+    if header is None:
+        return False
+    tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
+    return "*" in tags or etag in tags
+
+
+_RANGE = re.compile(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*")
+
+
+def parse_range(header: str, size: int) -> range | None:
+    """The byte offsets a ``Range`` header asks of a ``size``-byte blob; an empty range when
+    unsatisfiable (416); None to ignore the header and send everything (another unit, a
+    malformed header, or several ranges, which RFC 9110 lets a server answer whole)."""
+    match = _RANGE.fullmatch(header)
+    if match is None or match[1] == match[2] == "":
+        return None
+    if match[1] == "":  # "-n": the last n bytes
+        suffix = int(match[2])
+        return range(max(size - suffix, 0), size if suffix else 0)
+    first = int(match[1])
+    last = int(match[2]) if match[2] else size - 1
+    if last < first:
+        return None
+    return range(first, min(last + 1, size))
+
+
+# --- the connection ---------------------------------------------------------------------
+
+
+class _BodySegment:
+    """Stands for ``count`` file bytes in h11's Data event: h11 counts them against
+    Content-Length and hands the object back, and we send the bytes with sendfile."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+
+class HttpConnection:
+    """One HTTP/1.1 connection's loop: read a request, answer it, keep alive or close."""
+
+    def __init__(self, server: BlobServer, stream: SocketStream) -> None:
+        self.server = server
+        self.settings = server.settings
+        self.stream = stream
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        self.busy = False  # a request is in hand: shutdown lets it finish
+        self._counted = True
+        server._live += 1  # HTTP and binary connections share max_connections
+
+    async def run(self) -> None:
+        try:
+            await self._serve()
+        except TransportError as exc:
+            log.info("%s: %s", self.stream.peer, exc)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("%s: internal error", self.stream.peer)
+            with contextlib.suppress(TransportError, h11.LocalProtocolError):
+                await self._send_response(text_response(500, "internal server error"), head=False, close=True)
+        finally:
+            self.end()
+
+    def end(self) -> None:
+        """Close the socket and give up the slot; safe to call more than once."""
+        if self._counted:
+            self._counted = False
+            self.server._live -= 1
+        self.stream.close()
+
+    async def _serve(self) -> None:
+        first = True
+        while True:
+            try:
+                event = await self._next_event()
+            except h11.RemoteProtocolError as exc:
+                log.info("%s: bad HTTP request: %s", self.stream.peer, exc)
+                status = exc.error_status_hint
+                message = "request header too large" if status == 431 else f"bad request: {exc}"
+                await self._refuse(text_response(status, message))
+                return
+            if not isinstance(event, h11.Request):  # the client hung up between requests
+                return
+            self.busy = True
+            request = HttpRequest.from_h11(event)
+            self.server.requests[f"HTTP {request.method}"] += 1
+            if first and self.server._over_limit():
+                limit = self.settings.max_connections
+                await self._refuse(text_response(503, f"the server is at its limit of {limit} connections"))
+                return
+            first = False
+            # A request body (a PUT, say) is never read: answer, then close instead of draining it.
+            body_follows = not isinstance(self.h11.next_event(), h11.EndOfMessage)
+            close = body_follows or self.server._closing
+            response = await self.server.http.respond(request)
+            if body_follows:
+                await self._refuse(response)
+                return
+            await self._send_response(response, head=request.method == "HEAD", close=close)
+            self.busy = False
+            if close or self.h11.our_state is not h11.DONE:
+                return
+            self.h11.start_next_cycle()
+
+    async def _next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            between_requests = self.h11.their_state is h11.IDLE and not self.h11.trailing_data[0]
+            timeout = self.settings.idle_timeout if between_requests else self.settings.io_timeout
+            self.h11.receive_data(await self.stream.recv(RECV_SIZE, timeout))
+
+    async def _refuse(self, response: HttpResponse) -> None:
+        """Answer and close gracefully, so that a client still sending reads our answer."""
+        with contextlib.suppress(TransportError, h11.LocalProtocolError):
+            await self._send_response(response, head=False, close=True)
+            await self.stream.linger_close()
+
+    async def _send_response(self, response: HttpResponse, *, head: bool, close: bool) -> None:
+        try:
+            headers = [*response.headers, ("Content-Length", str(response.content_length)), ("Server", "blobsvc")]
+            if close:
+                headers.append(("Connection", "close"))
+            reason = HTTPStatus(response.status).phrase.encode()
+            start = self.h11.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
+            assert start is not None
+            io_timeout = self.settings.io_timeout
+            if head or response.status == 304:
+                await self.stream.send_all(start, io_timeout)
+            elif response.file is None:
+                await self.stream.send_all(start + self._data(response.body), io_timeout)
+            else:
+                self._data(cast(bytes, _BodySegment(response.count)))
+                fd, offset, count = response.file.fd, response.offset, response.count
+                if count <= INLINE_BODY_LIMIT:
+                    await self.stream.send_all(start + os.pread(fd, count, offset), io_timeout)
+                else:
+                    await self.stream.send_all(start, io_timeout)
+                    await self.stream.sendfile(fd, offset, count, io_timeout)
+            self.h11.send(h11.EndOfMessage())
+        finally:
+            response.close()
+
+    def _data(self, data: bytes) -> bytes:
+        """Tell h11 the body is being sent; with Content-Length framing it comes back as is."""
+        if not data:
+            return b""
+        (passed,) = self.h11.send_with_data_passthrough(h11.Data(data=data)) or [b""]
+        return passed
