@@ -41,10 +41,10 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import h11
 
-from ._exceptions import InternalError, LocalProtocolError, NotFound, TransportError
+from ._exceptions import InternalError, NotFound, TransportError
 from ._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ._netio import SocketStream
-from ._protocol import ContentKey, JobBlob
+from ._protocol import ContentKey, JobBlob, name_error
 from .storage import OpenBlob
 
 if TYPE_CHECKING:
@@ -88,12 +88,12 @@ def blob_path(*, key: KeyLike | None = None, job: JobLike | None = None, name: s
         if name is None:
             return path
     elif key is None and job is not None and name is not None:
-        JobBlob(job_bytes(job), name)  # refuses names the server would refuse
         path = f"/jobs/{job_bytes(job).hex()}"
     else:
         raise ValueError("name the blob with key= (and optionally name=), or with job= and name=")
-    if not name:
-        raise ValueError("a blob name must not be empty")
+    problem = name_error(name.encode("utf-8", "surrogatepass"))
+    if problem:
+        raise ValueError(problem)
     return path + "/" + "/".join(_quote_part(part) for part in name.split("/"))
 
 
@@ -213,7 +213,7 @@ class HttpFace:
     async def _blob(self, request: HttpRequest) -> HttpResponse:
         try:
             target, path = _parse_blob_path(request.path)
-        except (ValueError, LocalProtocolError) as exc:
+        except ValueError as exc:
             return text_response(400, f"not a blob URL: {exc}")
         if self.secret is not None:
             problem = _signature_problem(self.secret, path, request.query)
@@ -306,9 +306,9 @@ def parse_range(header: str, size: int) -> range | None:
         suffix = int(match[2])
         return range(max(size - suffix, 0), size if suffix else 0)
     first = int(match[1])
-    last = int(match[2]) if match[2] else size - 1
-    if last < first:
+    if match[2] and int(match[2]) < first:
         return None
+    last = int(match[2]) if match[2] else size - 1
     return range(first, min(last + 1, size))
 
 
