@@ -51,8 +51,8 @@ class Http:
         assert address is not None
         return address[1]
 
-    def url(self, **blob: str) -> str:
-        return blob_url(self.base, secret=self.secret, **blob)
+    def url(self, *, key: str | None = None, job: str | None = None, name: str | None = None) -> str:
+        return blob_url(self.base, key=key, job=job, name=name, secret=self.secret)
 
     def connection(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
@@ -124,7 +124,7 @@ def test_job_blob_paths_keep_slashes_and_encode_the_rest() -> None:
 )
 def test_blob_urls_need_a_key_or_a_job_and_a_valid_name(blob: dict[str, str]) -> None:
     with pytest.raises(ValueError):
-        blob_url("http://h:1", **blob)
+        blob_url("http://h:1", key=blob.get("key"), job=blob.get("job"), name=blob.get("name"))
 
 
 @pytest.mark.parametrize(
