@@ -45,7 +45,7 @@ from ._exceptions import InternalError, NotFound, TransportError
 from ._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ._netio import SocketStream
 from ._protocol import ContentKey, JobBlob, name_error
-from .storage import OpenBlob
+from .storage import BlobStorage, OpenBlob
 
 if TYPE_CHECKING:
     from .server import BlobServer
@@ -191,9 +191,9 @@ class HttpFace:
     route checks its own authorisation; the blob routes require a signed URL when the server
     has a secret."""
 
-    def __init__(self, server: BlobServer) -> None:
-        self.storage = server.storage
-        self.secret = server._secret
+    def __init__(self, storage: BlobStorage, secret: bytes | None) -> None:
+        self.storage = storage
+        self.secret = secret
         self.routes: dict[str, Route] = {"blobs": self._blob, "jobs": self._blob}
 
     async def respond(self, request: HttpRequest) -> HttpResponse:
@@ -381,7 +381,7 @@ class HttpConnection:
                 return
             first = False
             # A request body (a PUT, say) is never read: answer, then close instead of draining it.
-            body_follows = not isinstance(self.h11.next_event(), h11.EndOfMessage)
+            body_follows = not self._request_ended()
             close = body_follows or self.server._closing
             response = await self.server.http.respond(request)
             if body_follows:
@@ -392,6 +392,13 @@ class HttpConnection:
             if close or self.h11.our_state is not h11.DONE:
                 return
             self.h11.start_next_cycle()
+
+    def _request_ended(self) -> bool:
+        """Whether the request just read has no body (its end is already buffered)."""
+        try:
+            return isinstance(self.h11.next_event(), h11.EndOfMessage)
+        except h11.RemoteProtocolError:
+            return False
 
     async def _next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
         while True:

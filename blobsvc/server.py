@@ -98,7 +98,7 @@ class BlobServer:
         self._http_listener: socket.socket | None = None
         self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
         self._connections: dict[asyncio.Task[None], _Connection | HttpConnection] = {}
-        self.http = HttpFace(self)
+        self.http = HttpFace(self.storage, self._secret)
         """The HTTP face's routes (on when ``http_port`` is set); see :mod:`blobsvc.http`."""
         # Connections that count against max_connections: every accepted one until it ends
         # or starts its lingering close, so refused clients draining out cannot crowd out others.

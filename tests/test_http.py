@@ -462,3 +462,13 @@ def test_serve_prints_the_http_address(spawn_server: Callable[..., ServerProcess
     port = int(line.rsplit(":", 1)[1])
     assert fetch(f"http://127.0.0.1:{port}/")[0] == 404
     assert process.terminate() == 0
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_idle_timeout(settings: Settings) -> None:
+    for face in _start(replace(settings, idle_timeout=0.3), None):
+        with socket.create_connection(("127.0.0.1", face.port), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(1 << 16):  # ends when the server closes the idle connection
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 404 ") and b"connection: close" not in answer.lower()
