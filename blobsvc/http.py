@@ -389,7 +389,7 @@ class HttpConnection:
                 return
             await self._send_response(response, head=request.method == "HEAD", close=close)
             self.busy = False
-            if close or self.h11.our_state is not h11.DONE:
+            if close or self.server._closing or self.h11.our_state is not h11.DONE:
                 return
             self.h11.start_next_cycle()
 

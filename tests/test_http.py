@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import http.client
@@ -472,3 +473,28 @@ def test_an_idle_keep_alive_connection_is_closed_after_idle_timeout(settings: Se
             while chunk := sock.recv(1 << 16):  # ends when the server closes the idle connection
                 answer += chunk
             assert answer.startswith(b"HTTP/1.1 404 ") and b"connection: close" not in answer.lower()
+
+
+def test_shutdown_lets_a_transfer_in_flight_finish(settings: Settings, tmp_path: Path) -> None:
+    source = tmp_path / "big"
+    source.write_bytes(os.urandom(32 << 20))
+    for face in _start(settings, None):
+        key = face.client.put(source)
+        connection = face.connection()
+        try:
+            connection.request("GET", blob_path(key=key))
+            response = connection.getresponse()
+            hasher = blake3.blake3(response.read(1 << 20))
+            server = face.thread.server
+            stopping = asyncio.run_coroutine_threadsafe(server.shutdown(10.0), face.thread.loop)
+            while not server._closing:
+                time.sleep(0.01)
+            while chunk := response.read(1 << 20):
+                hasher.update(chunk)
+            assert hasher.hexdigest() == key
+            stopping.result(10)
+            with pytest.raises((OSError, http.client.HTTPException)):
+                connection.request("GET", "/")
+                connection.getresponse()
+        finally:
+            connection.close()
