@@ -22,6 +22,7 @@ is the one the header announced, so neither side ever buffers a whole blob here.
 from __future__ import annotations
 
 import enum
+import json
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -47,6 +48,7 @@ __all__ = [
     "MAX_ERROR_MESSAGE",
     "MAX_LIST_ENTRIES",
     "MAX_NAME_BYTES",
+    "MAX_STATUS_BYTES",
     "NEED_DATA",
     "NONCE_SIZE",
     "VERSION",
@@ -76,6 +78,8 @@ __all__ = [
     "Signal",
     "StatOk",
     "StatRequest",
+    "StatusOk",
+    "StatusRequest",
     "WholeJob",
 ]
 
@@ -91,6 +95,9 @@ MAX_NAME_BYTES = 255  # one filename's worth on every common filesystem, like Fl
 MAX_ERROR_MESSAGE = 64 * 1024
 # A LIST answer is buffered whole; a million entries is ~300 MB at most and far beyond any job.
 MAX_LIST_ENTRIES = 1_000_000
+# A STATUS document is a few hundred bytes of counters; HA adds a few fields. A megabyte
+# leaves room for growth while a client never buffers a "status" the size of a blob.
+MAX_STATUS_BYTES = 1 << 20
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -107,6 +114,7 @@ class Op(enum.IntEnum):
     DELETE = 0x02
     STAT = 0x03
     LIST = 0x04
+    STATUS = 0x06
     AUTH = 0x7F
 
 
@@ -275,6 +283,11 @@ class ListRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class StatusRequest:
+    """Ask for the server's status: version, uptime, role, what it stores and serves."""
+
+
+@dataclass(frozen=True, slots=True)
 class Data:
     """A piece of a PUT or GET body."""
 
@@ -329,6 +342,14 @@ class ListOk:
 
 
 @dataclass(frozen=True, slots=True)
+class StatusOk:
+    """The server's status as a JSON object: its fields are documented, not fixed by the
+    protocol, so that a server may add some (HA's role and leader) without a new version."""
+
+    status: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorFrame:
     code: int
     message: str = ""
@@ -339,8 +360,8 @@ class ErrorFrame:
         return cls is not None and cls.keeps_connection
 
 
-Request = AuthRequest | PutRequest | GetRequest | DeleteRequest | StatRequest | ListRequest
-Reply = AuthOk | PutOk | GetOk | DeleteOk | StatOk | ListOk | ErrorFrame
+Request = AuthRequest | PutRequest | GetRequest | DeleteRequest | StatRequest | ListRequest | StatusRequest
+Reply = AuthOk | PutOk | GetOk | DeleteOk | StatOk | ListOk | StatusOk | ErrorFrame
 ServerEvent = Hello | Request | Data | PutTrailer
 ClientEvent = ServerHello | Reply | Data | EndOfBody
 
@@ -379,6 +400,8 @@ def encode_request(frame: Hello | Request | PutTrailer) -> bytes:
             return bytes([Op.STAT]) + _encode_target(target)
         case ListRequest(job):
             return bytes([Op.LIST]) + _encode_target(WholeJob(job))
+        case StatusRequest():
+            return bytes([Op.STATUS])
     raise LocalProtocolError(f"a client does not send {type(frame).__name__}")
 
 
@@ -402,6 +425,11 @@ def encode_reply(frame: ServerHello | Reply) -> bytes:
                 raw = entry.name.encode("utf-8")
                 parts += [_U16.pack(len(raw)), raw, _SIZE_DIGEST.pack(entry.size, entry.digest)]
             return b"".join(parts)
+        case StatusOk(status):
+            document = json.dumps(status, sort_keys=True, separators=(",", ":")).encode("utf-8")
+            if len(document) > MAX_STATUS_BYTES:
+                raise LocalProtocolError(f"a status document of {len(document)} bytes is over the limit")
+            return b"\x00" + _U32.pack(len(document)) + document
         case ErrorFrame(code, message):
             raw = message.encode("utf-8", "replace")[:MAX_ERROR_MESSAGE]
             return _ERROR_HEADER.pack(_STATUS_ERROR, code, len(raw)) + raw
@@ -484,6 +512,8 @@ def _read_request(cursor: _Cursor) -> Request:
         raise RemoteProtocolError(f"unknown opcode 0x{byte:02x}") from None
     if op is Op.AUTH:
         return AuthRequest(cursor.take(MAC_SIZE))
+    if op is Op.STATUS:
+        return StatusRequest()
     if op is Op.LIST:
         target = _read_target(cursor, op, (Addressing.JOB_ALL,))
         assert isinstance(target, WholeJob)
@@ -783,6 +813,8 @@ class ClientConnection(_Receiver):
             del self._buf[: 1 + KEY_SIZE]
             self._expected.popleft()
             return PutOk(key)
+        if isinstance(request, StatusRequest):
+            return self._read_status()
         if isinstance(request, ListRequest):
             if len(self._buf) < 1 + _U32.size:
                 return NEED_DATA
@@ -795,6 +827,25 @@ class ClientConnection(_Receiver):
         del self._buf[:1]
         self._expected.popleft()
         return AuthOk() if isinstance(request, AuthRequest) else DeleteOk()
+
+    def _read_status(self) -> StatusOk | Signal:
+        if len(self._buf) < 1 + _U32.size:
+            return NEED_DATA
+        (length,) = _U32.unpack_from(self._buf, 1)
+        if length > MAX_STATUS_BYTES:
+            raise RemoteProtocolError(f"status document of {length} bytes is over the limit")
+        end = 1 + _U32.size + length
+        if len(self._buf) < end:
+            return NEED_DATA
+        try:
+            status = json.loads(bytes(self._buf[1 + _U32.size : end]).decode("utf-8"))
+        except ValueError:  # also UnicodeDecodeError
+            raise RemoteProtocolError("the status document is not UTF-8 JSON") from None
+        if not isinstance(status, dict):
+            raise RemoteProtocolError("the status document is not a JSON object")
+        del self._buf[:end]
+        self._expected.popleft()
+        return StatusOk(status)
 
     def _next_list_entry(self) -> ListOk | Signal:
         assert self._list is not None

@@ -30,8 +30,11 @@ import hmac
 import logging
 import os
 import secrets
+import shutil
 import socket
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from importlib import metadata
 from typing import Any, TypeVar
 
 from ._exceptions import (
@@ -67,12 +70,14 @@ from ._protocol import (
     Signal,
     StatOk,
     StatRequest,
+    StatusOk,
+    StatusRequest,
 )
 from .config import Settings
 from .http import HttpConnection, HttpFace
 from .storage import BlobStorage, RecoveryReport, StagedUpload
 
-__all__ = ["BlobServer"]
+__all__ = ["ABORTED", "BlobServer", "RequestObserver"]
 
 log = logging.getLogger("blobsvc.server")
 
@@ -81,6 +86,13 @@ RECV_SIZE = 1 << 20
 INLINE_WRITE_LIMIT = 256 << 10
 # Smaller GET bodies go out with their header in one send; sendfile pays off above this.
 INLINE_READ_LIMIT = 64 << 10
+
+ABORTED = -1
+"""The outcome of a request that ended without an answer: the peer went away, a timeout, shutdown."""
+RequestObserver = Callable[[Any, int, int, float, SocketStream], None]
+"""Told of every request once it has ended: the request frame, its outcome (0 for OK, the
+error code answered, or :data:`ABORTED`), the body bytes it moved, its duration in seconds,
+and the connection's stream (whose ``peer`` costs a system call: ask only when needed)."""
 
 
 class BlobServer:
@@ -107,6 +119,14 @@ class BlobServer:
         self.recovery: RecoveryReport | None = None
         self.requests: collections.Counter[str] = collections.Counter()
         """Requests served, by kind (``"GET"``, ``"PUT"``, …): for operators and tests."""
+        self.busy_refusals = 0
+        self.observers: list[RequestObserver] = []
+        """Called after each request (metrics, request logs); none costs nothing."""
+        self.status_sources: list[Callable[[], Mapping[str, Any]]] = []
+        """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
+        event loop and from the metrics thread, so they only read."""
+        self._started = time.time()
+        self._started_clock = time.monotonic()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -123,6 +143,7 @@ class BlobServer:
         return host, port
 
     async def start(self) -> None:
+        self._started, self._started_clock = time.time(), time.monotonic()
         self.recovery = await asyncio.to_thread(self.storage.recover)
         self._listener = _bind(self.settings.host, self.settings.ports)
         self._accepting.append(asyncio.create_task(self._accept_loop(self._listener, self._binary_connection)))
@@ -199,6 +220,49 @@ class BlobServer:
     def _over_limit(self) -> bool:
         return self._live > self.settings.max_connections
 
+    def status(self) -> dict[str, Any]:
+        """The server's state for operators: the STATUS request's answer and the metrics'
+        source. Cheap (a statvfs, a listing of incoming/), safe from any thread."""
+        blobs, size = self.storage.usage()
+        disk = shutil.disk_usage(self.storage.layout.root)
+        connections = list(self._connections.values())
+        requests = dict(self.requests)
+        report = self.recovery or RecoveryReport()
+        status: dict[str, Any] = {
+            "version": _version(),
+            "address": "{}:{}".format(*self.address) if self._listener is not None else None,
+            "started": self._started,
+            "uptime_seconds": round(time.monotonic() - self._started_clock, 3),
+            "role": "standalone",
+            "blobs": blobs,
+            "bytes": size,
+            "disk_free_bytes": disk.free,
+            "disk_total_bytes": disk.total,
+            "connections": len(connections),
+            "max_connections": self.settings.max_connections,
+            "uploads_in_flight": sum(isinstance(getattr(c, "request", None), PutRequest) for c in connections),
+            "staging_files": len(os.listdir(self.storage.layout.incoming)),
+            "requests": requests,
+            "requests_total": sum(requests.values()),
+            "busy_refusals": self.busy_refusals,
+            "removed_at_start": {
+                "staging": report.removed_staging,
+                "corrupt": len(report.removed_corrupt),
+                "orphaned": report.removed_orphans,
+                "stray": len(report.removed_stray),
+            },
+        }
+        for source in self.status_sources:
+            status.update(source())
+        return status
+
+
+def _version() -> str:
+    try:
+        return metadata.version("blobsvc")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
 
 _T = TypeVar("_T")
 
@@ -254,6 +318,9 @@ class _Connection:
         self.stream = stream
         self.parser = ServerConnection()
         self.busy = False  # a request is in hand: shutdown lets it finish
+        self.request: ServerEvent | None = None
+        self.moved = 0  # body bytes the request in hand has moved, for its observers
+        self.authenticated = False
         self._counted = True
         server._live += 1
 
@@ -295,28 +362,56 @@ class _Connection:
     async def _serve(self) -> None:
         await self._next_event(self.settings.io_timeout)  # the preamble
         if self.server._over_limit():
+            self.server.busy_refusals += 1
             raise Busy(f"the server is at its limit of {self.settings.max_connections} connections")
         nonce = secrets.token_bytes(32) if self.server._secret is not None else None
         await self._send(ServerHello(nonce=nonce))
-        authenticated = nonce is None
+        self.authenticated = nonce is None
         while not self.server._closing:
             event = await self._next_event(self.settings.idle_timeout)
             if isinstance(event, Signal):  # CLOSED: the client hung up between requests
                 return
-            self.busy = True
-            if not authenticated:
-                if not isinstance(event, AuthRequest):
-                    raise AuthRequired("this server requires AUTH first")
-                assert nonce is not None
-                self._check_auth(event, nonce)
-                authenticated = True
-            try:
-                await self._dispatch(event)
-            except ServerError as exc:
-                if not exc.keeps_connection:
-                    raise
-                await self._send(ErrorFrame(exc.code, str(exc)))
-            self.busy = False
+            self.busy, self.request = True, event
+            if self.server.observers:
+                await self._observed(event, nonce)
+            else:
+                await self._handle(event, nonce)
+            self.busy, self.request = False, None
+
+    async def _handle(self, event: ServerEvent, nonce: bytes | None) -> int:
+        """Answer one request; returns 0, or the code of the error answered on an open connection."""
+        if not self.authenticated:
+            if not isinstance(event, AuthRequest):
+                raise AuthRequired("this server requires AUTH first")
+            assert nonce is not None
+            self._check_auth(event, nonce)
+            self.authenticated = True
+        try:
+            await self._dispatch(event)
+        except ServerError as exc:
+            if not exc.keeps_connection:
+                raise
+            await self._send(ErrorFrame(exc.code, str(exc)))
+            return exc.code
+        return 0
+
+    async def _observed(self, event: ServerEvent, nonce: bytes | None) -> None:
+        """:meth:`_handle`, timed, with its outcome told to the server's observers."""
+        began, self.moved, outcome = time.perf_counter(), 0, ABORTED
+        try:
+            outcome = await self._handle(event, nonce)
+        except (ServerError, RemoteProtocolError) as exc:
+            outcome = exc.code
+            raise
+        except TransportError:
+            raise
+        except Exception:
+            outcome = InternalError.code  # what run() answers
+            raise
+        finally:
+            seconds = time.perf_counter() - began
+            for observe in self.server.observers:
+                observe(event, outcome, self.moved, seconds, self.stream)
 
     def _check_auth(self, request: AuthRequest, nonce: bytes) -> None:
         assert self.server._secret is not None
@@ -342,6 +437,8 @@ class _Connection:
                 await self._send(ListOk(tuple(entries)))
             case AuthRequest():  # already authenticated, or no secret configured
                 await self._send(AuthOk())
+            case StatusRequest():
+                await self._send(StatusOk(self.server.status()))
             case _:
                 raise RemoteProtocolError(f"unexpected {type(event).__name__}")
 
@@ -350,7 +447,10 @@ class _Connection:
         if request.length > limit:
             raise TooLarge(f"{request.length} bytes is over this server's limit of {limit}")
         with self.storage.stage() as upload:
-            digest = await self._receive_body(upload)
+            try:
+                digest = await self._receive_body(upload)
+            finally:
+                self.moved = upload.size
             # Publication fsyncs, which can take milliseconds even for a tiny file: never on the loop.
             key = await _finish(asyncio.to_thread(self.storage.publish, upload, request.target, digest))
         await self._send(PutOk(key))
@@ -396,6 +496,7 @@ class _Connection:
             else:
                 await self.stream.send_all(header, self.settings.io_timeout)
                 await self.stream.sendfile(blob.fd, request.offset, count, self.settings.io_timeout)
+            self.moved = count
 
     async def _next_event(self, timeout: float) -> ServerEvent | Signal:
         """The next frame, reading as needed; ``timeout`` bounds each wait for bytes."""

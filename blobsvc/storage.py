@@ -198,6 +198,20 @@ class BlobStorage:
         self._key_by_inode: dict[int, bytes] = {}
         self._keys = _LockTable()
         self._jobs = _LockTable()
+        # Distinct blobs and their bytes, kept as objects come and go: counting is cheaper
+        # than walking objects/ at every scrape of the metrics.
+        self._usage = [0, 0]
+        self._usage_lock = threading.Lock()
+
+    def usage(self) -> tuple[int, int]:
+        """Distinct blobs stored (objects, however many names each has) and their bytes."""
+        with self._usage_lock:
+            return self._usage[0], self._usage[1]
+
+    def _count(self, objects: int, size: int) -> None:
+        with self._usage_lock:
+            self._usage[0] += objects
+            self._usage[1] += size
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -246,7 +260,9 @@ class BlobStorage:
         if path.exists():
             return  # the same bytes are stored already; the staging copy goes with the upload
         os.rename(upload.path, path)
-        self._key_by_inode[path.stat().st_ino] = key
+        info = path.stat()
+        self._key_by_inode[info.st_ino] = key
+        self._count(1, info.st_size)
         _fsync_dir(self.layout.objects)
 
     def _link_content(self, key: bytes) -> None:
@@ -381,6 +397,7 @@ class BlobStorage:
         if info.st_nlink <= 1:
             self._key_by_inode.pop(info.st_ino, None)
             path.unlink()
+            self._count(-1, -info.st_size)
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -421,6 +438,8 @@ class BlobStorage:
                 report.bytes += info.st_size
         for directory in (layout.root, layout.incoming, layout.objects, layout.cache):
             _fsync_dir(directory)
+        with self._usage_lock:
+            self._usage = [report.objects, report.bytes]
         return report
 
     def _scan_objects(self, report: RecoveryReport) -> set[int]:
