@@ -426,7 +426,7 @@ def encode_reply(frame: ServerHello | Reply) -> bytes:
                 parts += [_U16.pack(len(raw)), raw, _SIZE_DIGEST.pack(entry.size, entry.digest)]
             return b"".join(parts)
         case StatusOk(status):
-            document = json.dumps(status, sort_keys=True, separators=(",", ":")).encode("utf-8")
+            document = json.dumps(status, separators=(",", ":")).encode("utf-8")
             if len(document) > MAX_STATUS_BYTES:
                 raise LocalProtocolError(f"a status document of {len(document)} bytes is over the limit")
             return b"\x00" + _U32.pack(len(document)) + document

@@ -23,14 +23,19 @@ import click
 from ._cache_cli import cache
 from ._cli_settings import load_settings, setting_option
 from ._exceptions import BlobError
+from ._logs import configure as configure_logs
+from ._logs import log_recovery
 from .client import AsyncBlobClient, BlobInfo, Progress
-from .config import Settings
+from .config import LOG_FORMATS, LOG_LEVELS, Settings
 from .http import blob_url
+from .metrics import MetricsUnavailable
 from .server import BlobServer
 
 __all__ = ["main"]
 
 PROGRESS_THRESHOLD = 4 << 20  # smaller transfers finish before a bar is worth drawing
+
+log = logging.getLogger("blobsvc.server")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _T = TypeVar("_T")
@@ -121,19 +126,21 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("http_port")
 @setting_option("secret_file", type=click.Path(dir_okay=False, exists=True))
 @click.option("--verify-on-start/--no-verify-on-start", default=None, help=Settings.help("verify_on_start"))
-@click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
+@setting_option("metrics_port")
+@setting_option("log_format", type=click.Choice(LOG_FORMATS, case_sensitive=False))
+@setting_option("log_level", type=click.Choice(LOG_LEVELS, case_sensitive=False))
 @click.pass_context
-def serve(ctx: click.Context, /, log_level: str, **options: Any) -> None:
+def serve(ctx: click.Context, /, **options: Any) -> None:
     """Run a blob server until SIGTERM or SIGINT.
 
     Prints "listening on HOST:PORT" once it accepts connections. With no options it stores
     blobs under a local data directory, standalone.
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings(ctx, options)
+    configure_logs(settings.log_level, settings.log_format)
     try:
         _run(_serve(settings))
-    except OSError as exc:
+    except (OSError, MetricsUnavailable) as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -142,18 +149,10 @@ async def _serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     server = BlobServer(settings)
     await server.start()
-    report = server.recovery
-    assert report is not None
-    click.echo(
-        f"serving {report.content_blobs + report.job_blobs} blobs ({report.bytes} bytes) from {settings.data_dir}",
-        err=True,
-    )
-    if report.removed_staging or report.removed_corrupt or report.removed_orphans or report.removed_stray:
-        click.echo(
-            f"removed at start: {report.removed_staging} staging, {len(report.removed_corrupt)} corrupt, "
-            f"{report.removed_orphans} orphaned, {len(report.removed_stray)} stray",
-            err=True,
-        )
+    assert server.recovery is not None
+    log_recovery(server.recovery, settings.data_dir)
+    if server.metrics is not None:
+        log.info("metrics on http://%s:%d/metrics", *server.metrics.address)
 
     def on_signal() -> None:
         if stop.is_set():  # a second signal: stop waiting for in-flight requests
@@ -171,7 +170,7 @@ async def _serve(settings: Settings) -> None:
     sys.stdout.flush()
     serving = asyncio.create_task(server.serve_forever())
     await stop.wait()
-    click.echo("shutting down", err=True)
+    log.info("shutting down")
     await server.shutdown()
     serving.cancel()
 
@@ -271,6 +270,23 @@ async def stat(client: AsyncBlobClient, key: str | None, job: str | None, name: 
 async def ls(client: AsyncBlobClient, job: str, as_json: bool) -> None:
     """List the blobs of a job: key, size and name, one per line, sorted by name."""
     _print_infos(sorted(await client.list(job), key=lambda info: info.name or ""), as_json)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@client_options
+@_client_command
+async def status(client: AsyncBlobClient, as_json: bool) -> None:
+    """Print a server's version, uptime, role, blobs and bytes stored, free disk,
+    connections and requests served; exit 1 when it cannot be reached."""
+    info = await client.status()
+    if as_json:
+        click.echo(json.dumps(info, sort_keys=True))
+        return
+    for name, value in info.items():
+        if isinstance(value, dict):
+            value = " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
+        click.echo(f"{name.replace('_', ' ')}: {value}")
 
 
 def _print_infos(infos: list[BlobInfo], as_json: bool) -> None:

@@ -71,6 +71,8 @@ from ._protocol import (
     Signal,
     StatOk,
     StatRequest,
+    StatusOk,
+    StatusRequest,
     WholeJob,
 )
 from .config import DEFAULT_PORT
@@ -396,6 +398,13 @@ class AsyncBlobClient:
         assert isinstance(reply, ListOk)
         return [BlobInfo(e.digest.hex(), e.size, e.name) for e in reply.entries]
 
+    async def status(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """The server's status: version, uptime, role, blobs and bytes stored, free disk,
+        connections, requests served (README, "Operating blobsvc", lists the fields)."""
+        reply = await self._simple(StatusRequest(), timeout)
+        assert isinstance(reply, StatusOk)
+        return reply.status
+
     # --- machinery ---------------------------------------------------------------------------
 
     async def _simple(self, request: Request, timeout: float | None) -> ClientEvent:
@@ -697,6 +706,7 @@ class BlobClient:
     delete = _blocking(AsyncBlobClient.delete)
     delete_job = _blocking(AsyncBlobClient.delete_job)
     list = _blocking(AsyncBlobClient.list)
+    status = _blocking(AsyncBlobClient.status)
 
     def close(self) -> None:
         if self._state is _State.CLOSED:

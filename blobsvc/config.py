@@ -101,6 +101,29 @@ def _optional_path(text: str | Path | None) -> Path | None:
     return Path(text).expanduser() if text else None
 
 
+def _optional_port(text: str | int | None) -> int | None:
+    if text is None or str(text).strip() in ("", "off", "none"):
+        return None
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"not a port: {text!r}")
+    return port
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        lowered = str(text).strip().lower()
+        if lowered not in choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
+        return lowered
+
+    return parse
+
+
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 def _default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "blobsvc"
@@ -152,6 +175,13 @@ class Settings:
         _parse_port,
         "Port of the read-only HTTP face (GET/HEAD of blobs; signed URLs when a secret is set); off when unset.",
     )
+    metrics_port: int | None = _setting(
+        None,
+        _optional_port,
+        "Port of the Prometheus /metrics endpoint, on the server's host (0: any free); off if unset.",
+    )
+    log_format: str = _setting("text", _choice(*LOG_FORMATS), "Server log lines: text, or json (one object per line).")
+    log_level: str = _setting("info", _choice(*LOG_LEVELS), "Server log level; debug logs one line per request.")
     # client
     server: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", str, "host:port of the server the client commands use.")
     connect_timeout: float = _setting(10.0, _parse_seconds, "Seconds to wait for a connection.")

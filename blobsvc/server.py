@@ -35,7 +35,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import metadata
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._exceptions import (
     AuthFailed,
@@ -48,7 +48,9 @@ from ._exceptions import (
     TooLarge,
     TransportError,
 )
+from ._logs import log_request
 from ._netio import SocketStream
+from ._observe import ABORTED, RequestObserver, op_name
 from ._protocol import (
     NEED_DATA,
     AuthOk,
@@ -77,7 +79,10 @@ from .config import Settings
 from .http import HttpConnection, HttpFace
 from .storage import BlobStorage, RecoveryReport, StagedUpload
 
-__all__ = ["ABORTED", "BlobServer", "RequestObserver"]
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
+
+__all__ = ["BlobServer"]
 
 log = logging.getLogger("blobsvc.server")
 
@@ -86,13 +91,6 @@ RECV_SIZE = 1 << 20
 INLINE_WRITE_LIMIT = 256 << 10
 # Smaller GET bodies go out with their header in one send; sendfile pays off above this.
 INLINE_READ_LIMIT = 64 << 10
-
-ABORTED = -1
-"""The outcome of a request that ended without an answer: the peer went away, a timeout, shutdown."""
-RequestObserver = Callable[[Any, int, int, float, SocketStream], None]
-"""Told of every request once it has ended: the request frame, its outcome (0 for OK, the
-error code answered, or :data:`ABORTED`), the body bytes it moved, its duration in seconds,
-and the connection's stream (whose ``peer`` costs a system call: ask only when needed)."""
 
 
 class BlobServer:
@@ -127,6 +125,8 @@ class BlobServer:
         event loop and from the metrics thread, so they only read."""
         self._started = time.time()
         self._started_clock = time.monotonic()
+        self.metrics: ServerMetrics | None = None
+        """The Prometheus metrics, when ``metrics_port`` is set; ``metrics.address`` is their endpoint."""
 
     @property
     def address(self) -> tuple[str, int]:
@@ -145,8 +145,19 @@ class BlobServer:
     async def start(self) -> None:
         self._started, self._started_clock = time.time(), time.monotonic()
         self.recovery = await asyncio.to_thread(self.storage.recover)
+        if logging.getLogger("blobsvc.requests").isEnabledFor(logging.DEBUG) and log_request not in self.observers:
+            self.observers.append(log_request)
         self._listener = _bind(self.settings.host, self.settings.ports)
         self._accepting.append(asyncio.create_task(self._accept_loop(self._listener, self._binary_connection)))
+        if self.settings.metrics_port is not None:
+            try:
+                from .metrics import ServerMetrics  # prometheus-client is an optional extra
+
+                self.metrics = ServerMetrics(self)
+                self.metrics.serve(self.settings.host, self.settings.metrics_port)
+            except BaseException:
+                self._listener.close()
+                raise
         if self.settings.http_ports is not None:
             self._http_listener = _bind(self.settings.host, self.settings.http_ports)
             self._accepting.append(asyncio.create_task(self._accept_loop(self._http_listener, self._http_connection)))
@@ -190,6 +201,8 @@ class BlobServer:
             task.cancel()
         if self._connections:
             await asyncio.wait(list(self._connections))
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
 
     def abort_requests(self) -> None:
         """Cancel every connection now, busy or not (a second Ctrl-C during shutdown)."""
@@ -420,7 +433,7 @@ class _Connection:
             raise AuthFailed("wrong shared secret")
 
     async def _dispatch(self, event: ServerEvent) -> None:
-        self.server.requests[type(event).__name__.removesuffix("Request").upper()] += 1
+        self.server.requests[op_name(event)] += 1
         match event:
             case PutRequest():
                 await self._put(event)

@@ -1,0 +1,183 @@
+"""Prometheus metrics of a :class:`~blobsvc.server.BlobServer` (the ``metrics`` extra).
+
+Two kinds of figures, each gathered the cheaper way:
+
+* **Per request**, counted as requests end (:meth:`ServerMetrics.observe` is one of the
+  server's observers): requests by operation and outcome, body bytes in and out, latency
+  histograms. Counting happens on the event loop in plain dicts and lists, with no lock and no
+  prometheus-client object on the request path; a scrape copies them (each copy is one atomic
+  step under the GIL) and builds the metric families.
+* **State**, read at scrape time from :meth:`BlobServer.status`: connections, BUSY refusals,
+  stored blobs and bytes, free disk, staging files, uploads in flight, what the start-up scan
+  removed, the role (and, once HA gives them, leader changes). Nothing is kept for these.
+
+Scrapes are answered by prometheus-client's HTTP server in a daemon thread on
+``metrics_port``, so a slow scrape never holds up the event loop. Without prometheus-client
+installed, asking for metrics raises :class:`MetricsUnavailable`, naming the extra.
+"""
+
+from __future__ import annotations
+
+import bisect
+import importlib.util
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ._observe import op_name, outcome_name
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.registry import CollectorRegistry
+
+    from ._netio import SocketStream
+    from .server import BlobServer
+
+__all__ = ["BUCKETS", "EXTRA", "MetricsUnavailable", "ServerMetrics"]
+
+EXTRA = "pip install 'blobsvc[metrics]'"
+# Request latency buckets, seconds: a 4 KiB GET on loopback takes ~0.1 ms, a PUT of a new blob
+# a few ms (fsync), a GB-sized transfer tens of seconds.
+BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+# Metrics read from BlobServer.status() at scrape time: (name, status field, help).
+_STATE_COUNTERS = (
+    ("blobsvc_busy_refusals", "busy_refusals", "Connections refused with BUSY at the connection limit."),
+)
+_STATE_GAUGES = (
+    ("blobsvc_connections", "connections", "Open client connections."),
+    ("blobsvc_max_connections", "max_connections", "The connection limit; more are refused with BUSY."),
+    ("blobsvc_uploads_in_flight", "uploads_in_flight", "PUTs being received or published."),
+    ("blobsvc_staging_files", "staging_files", "Files in incoming/: uploads in flight, jobs being deleted."),
+    ("blobsvc_stored_blobs", "blobs", "Distinct blobs stored (objects, however many names each has)."),
+    ("blobsvc_stored_bytes", "bytes", "Bytes of the distinct blobs stored."),
+    ("blobsvc_disk_free_bytes", "disk_free_bytes", "Free bytes on the data directory's file system."),
+    ("blobsvc_disk_size_bytes", "disk_total_bytes", "Size of the data directory's file system."),
+    ("blobsvc_start_time_seconds", "started", "When the server started, in Unix time."),
+)
+
+
+class MetricsUnavailable(RuntimeError):
+    """Metrics were asked for, but prometheus-client is not installed."""
+
+
+def _require_prometheus() -> None:
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise MetricsUnavailable(f"metrics need prometheus-client: {EXTRA}")
+
+
+class ServerMetrics:
+    """The metrics of one server, in a registry of their own (several servers may share a
+    process, as they do in tests). Creating one starts counting; :meth:`serve` exposes them."""
+
+    def __init__(self, server: BlobServer) -> None:
+        _require_prometheus()
+        from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+
+        self.server = server
+        self._requests: dict[tuple[type, int], int] = {}
+        self._ops: dict[type, str] = {}
+        self._latency: dict[str, list[int]] = {}  # per op: a count per bucket, then +Inf
+        self._latency_sum: dict[str, float] = {}
+        self.received_bytes = 0
+        self.sent_bytes = 0
+        self.registry: CollectorRegistry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        ProcessCollector(registry=self.registry)  # memory, CPU, open descriptors
+        PlatformCollector(registry=self.registry)
+        self._httpd: WSGIServer | None = None
+        server.observers.append(self.observe)
+
+    def observe(self, event: Any, outcome: int, moved: int, seconds: float, stream: SocketStream) -> None:
+        """Count one request (a server observer): on the event loop, so no lock."""
+        kind = type(event)
+        op = self._ops.get(kind)
+        if op is None:
+            op = self._ops[kind] = op_name(event)
+            self._latency[op] = [0] * (len(BUCKETS) + 1)
+            self._latency_sum[op] = 0.0
+        key = (kind, outcome)  # named at scrape time, not here
+        self._requests[key] = self._requests.get(key, 0) + 1
+        if moved:
+            if op == "PUT":
+                self.received_bytes += moved
+            else:
+                self.sent_bytes += moved
+        self._latency[op][bisect.bisect_left(BUCKETS, seconds)] += 1
+        self._latency_sum[op] += seconds
+
+    # --- scrape ------------------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Any]:
+        """The metric families, built at scrape time (prometheus-client's collector protocol)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        status = self.server.status()
+        requests = CounterMetricFamily(
+            "blobsvc_requests", "Requests by operation and outcome (ok, aborted, or the error code's name).",
+            labels=["op", "outcome"],
+        )  # fmt: skip
+        for (kind, outcome), count in list(self._requests.items()):
+            requests.add_metric([self._ops[kind], outcome_name(outcome)], count)
+        yield requests
+        yield CounterMetricFamily("blobsvc_received_bytes", "Body bytes received (PUT).", value=self.received_bytes)
+        yield CounterMetricFamily("blobsvc_sent_bytes", "Body bytes sent (GET).", value=self.sent_bytes)
+        latency = HistogramMetricFamily(
+            "blobsvc_request_duration_seconds", "Time from a request's header to its answer.", labels=["op"]
+        )
+        for op, counts in list(self._latency.items()):
+            counts = list(counts)
+            buckets, total = [], 0
+            for bound, count in zip((*map(str, BUCKETS), "+Inf"), counts, strict=True):
+                total += count
+                buckets.append((bound, total))
+            latency.add_metric([op], buckets, self._latency_sum[op])
+        yield latency
+        for name, key, text in _STATE_COUNTERS:
+            yield CounterMetricFamily(name, text, value=status[key])
+        for name, key, text in _STATE_GAUGES:
+            yield GaugeMetricFamily(name, text, value=status[key])
+        removed = GaugeMetricFamily(
+            "blobsvc_removed_at_start", "What the start-up scan removed, by reason.", labels=["reason"]
+        )
+        for reason, count in status["removed_at_start"].items():
+            removed.add_metric([reason], count)
+        yield removed
+        role = GaugeMetricFamily("blobsvc_role", "1 for the role this server has now.", labels=["role"])
+        role.add_metric([str(status["role"])], 1)
+        yield role
+        info = GaugeMetricFamily("blobsvc_build_info", "The blobsvc version serving.", labels=["version"])
+        info.add_metric([str(status["version"])], 1)
+        yield info
+        if "leader_changes" in status:  # given by HA's status source
+            yield CounterMetricFamily(
+                "blobsvc_leader_changes", "Leaders this server has seen elected.", value=status["leader_changes"]
+            )
+
+    def render(self) -> tuple[bytes, str]:
+        """One scrape's body and content type, for any HTTP face that serves ``/metrics``."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    # --- the endpoint ------------------------------------------------------------------------
+
+    def serve(self, host: str, port: int) -> tuple[str, int]:
+        """Answer scrapes on ``host:port`` (0: any free port) from a daemon thread; the bound address."""
+        from prometheus_client import start_http_server
+
+        self._httpd, _ = start_http_server(port, addr=host, registry=self.registry)
+        return self.address
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._httpd is not None, "serve() first"
+        host, port, *_ = self._httpd.server_address
+        return str(host), int(port)
+
+    def close(self) -> None:
+        """Stop answering scrapes (blocks up to half a second: the HTTP server's poll)."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
