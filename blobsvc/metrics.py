@@ -19,7 +19,6 @@ installed, asking for metrics raises :class:`MetricsUnavailable`, naming the ext
 from __future__ import annotations
 
 import bisect
-import importlib.util
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -62,8 +61,10 @@ class MetricsUnavailable(RuntimeError):
 
 
 def _require_prometheus() -> None:
-    if importlib.util.find_spec("prometheus_client") is None:
-        raise MetricsUnavailable(f"metrics need prometheus-client: {EXTRA}")
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise MetricsUnavailable(f"metrics need prometheus-client: {EXTRA}") from None
 
 
 class ServerMetrics:

@@ -143,21 +143,22 @@ class BlobServer:
         return host, port
 
     async def start(self) -> None:
-        self._started, self._started_clock = time.time(), time.monotonic()
-        self.recovery = await asyncio.to_thread(self.storage.recover)
+        if self.settings.metrics_port is not None and self.metrics is None:
+            from .metrics import ServerMetrics  # prometheus-client is an optional extra: checked first
+
+            self.metrics = ServerMetrics(self)
         if logging.getLogger("blobsvc.requests").isEnabledFor(logging.DEBUG) and log_request not in self.observers:
             self.observers.append(log_request)
+        self._started, self._started_clock = time.time(), time.monotonic()
+        self.recovery = await asyncio.to_thread(self.storage.recover)
         self._listener = _bind(self.settings.host, self.settings.ports)
-        self._accepting.append(asyncio.create_task(self._accept_loop(self._listener, self._binary_connection)))
-        if self.settings.metrics_port is not None:
+        if self.metrics is not None:
             try:
-                from .metrics import ServerMetrics  # prometheus-client is an optional extra
-
-                self.metrics = ServerMetrics(self)
-                self.metrics.serve(self.settings.host, self.settings.metrics_port)
+                self.metrics.serve(self.settings.host, self.settings.metrics_port or 0)
             except BaseException:
                 self._listener.close()
                 raise
+        self._accepting.append(asyncio.create_task(self._accept_loop(self._listener, self._binary_connection)))
         if self.settings.http_ports is not None:
             self._http_listener = _bind(self.settings.host, self.settings.http_ports)
             self._accepting.append(asyncio.create_task(self._accept_loop(self._http_listener, self._http_connection)))

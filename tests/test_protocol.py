@@ -17,6 +17,7 @@ from blobsvc import ConnectionClosed, LocalProtocolError, RemoteProtocolError
 from blobsvc._protocol import (
     CLOSED,
     MAX_NAME_BYTES,
+    MAX_STATUS_BYTES,
     NEED_DATA,
     AuthOk,
     AuthRequest,
@@ -42,6 +43,8 @@ from blobsvc._protocol import (
     Signal,
     StatOk,
     StatRequest,
+    StatusOk,
+    StatusRequest,
     WholeJob,
     encode_request,
 )
@@ -98,6 +101,7 @@ REQUEST_CASES: list[tuple[Sequence[Any], bytes]] = [
     ([StatRequest(JobBlob(JOB, "x"))], b"\x03\x01" + JOB + b"\x01\x00x"),
     ([ListRequest(JOB)], b"\x04\x02" + JOB),
     ([AuthRequest(KEY)], b"\x7f" + KEY),
+    ([StatusRequest()], b"\x06"),
 ]
 
 
@@ -267,6 +271,40 @@ def test_client_parses_every_reply_matching_pipelined_requests(mode: str) -> Non
     ]
     assert feed(client, wire, mode) == expected
     assert client.pending == 0 and not client.closed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_status_reply_is_a_length_prefixed_json_object(mode: str) -> None:
+    status = {"version": "1.0", "blobs": 2, "requests": {"GET": 1}}
+    wire = ServerConnection().send(StatusOk(status))
+    document = b'{"version":"1.0","blobs":2,"requests":{"GET":1}}'
+    assert wire == b"\x00" + struct.pack("<I", len(document)) + document
+    client = client_after_hello()
+    client.send(StatusRequest())
+    client.send(StatRequest(ContentKey(KEY)))  # pipelined behind it
+    assert feed(client, wire + ServerConnection().send(StatOk(1, KEY)), mode) == [StatusOk(status), StatOk(1, KEY)]
+
+
+@pytest.mark.parametrize(
+    ("document", "words"),
+    [(b"[1, 2]", "not a JSON object"), (b"{nope", "not UTF-8 JSON"), (b'{"\xff": 1}', "not UTF-8 JSON")],
+)
+def test_a_status_reply_that_is_no_json_object_is_a_remote_error(document: bytes, words: str) -> None:
+    client = client_after_hello()
+    client.send(StatusRequest())
+    client.receive_data(b"\x00" + struct.pack("<I", len(document)) + document)
+    with pytest.raises(RemoteProtocolError, match=words):
+        client.next_event()
+
+
+def test_a_status_reply_over_the_limit_is_refused_before_it_is_buffered() -> None:
+    client = client_after_hello()
+    client.send(StatusRequest())
+    client.receive_data(b"\x00" + struct.pack("<I", MAX_STATUS_BYTES + 1))
+    with pytest.raises(RemoteProtocolError, match="over the limit"):
+        client.next_event()
+    with pytest.raises(LocalProtocolError, match="over the limit"):
+        ServerConnection().send(StatusOk({"x": "y" * MAX_STATUS_BYTES}))
 
 
 def test_server_hello_with_auth_carries_the_nonce() -> None:

@@ -1,0 +1,177 @@
+"""Prometheus metrics: the real endpoint on 127.0.0.1, scraped over HTTP after real requests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from blobsvc import AsyncBlobClient, BlobServer, Busy, NotFound, Settings
+from blobsvc._protocol import ClientConnection, Hello, PutRequest
+
+from .conftest import address_text
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def scrape(address: tuple[str, int]) -> Samples:
+    """Every sample of one scrape, by name and labels."""
+    with _NO_PROXY.open(f"http://{address[0]}:{address[1]}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+async def scrape_async(server: BlobServer) -> Samples:
+    assert server.metrics is not None
+    return await asyncio.to_thread(scrape, server.metrics.address)
+
+
+@pytest.fixture
+def metered(settings: Settings) -> Settings:
+    return replace(settings, metrics_port=0)
+
+
+async def test_counters_move_by_the_amounts_of_real_requests(metered: Settings) -> None:
+    async with BlobServer(metered) as server, AsyncBlobClient(server.address, retries=0) as client:
+        before = await scrape_async(server)
+        key = await client.put(b"x" * 1000)
+        assert await client.get(key) == b"x" * 1000
+        assert await client.get(key) == b"x" * 1000
+        with pytest.raises(NotFound):
+            await client.get("0" * 64)
+        await client.stat(key)
+        after = await scrape_async(server)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("blobsvc_requests_total", op="PUT", outcome="ok") == 1
+    assert moved("blobsvc_requests_total", op="GET", outcome="ok") == 2
+    assert moved("blobsvc_requests_total", op="GET", outcome="NOT_FOUND") == 1
+    assert moved("blobsvc_requests_total", op="STAT", outcome="ok") == 1
+    assert moved("blobsvc_received_bytes_total") == 1000
+    assert moved("blobsvc_sent_bytes_total") == 2000
+    assert moved("blobsvc_request_duration_seconds_count", op="GET") == 3
+    assert value(after, "blobsvc_request_duration_seconds_bucket", op="GET", le="+Inf") == 3
+    assert value(after, "blobsvc_request_duration_seconds_sum", op="GET") > 0
+    assert value(after, "blobsvc_stored_blobs") == 1
+    assert value(after, "blobsvc_stored_bytes") == 1000
+    assert value(after, "blobsvc_connections") == 1  # the client's pooled connection
+    assert value(after, "blobsvc_disk_free_bytes") > 0
+    assert value(after, "blobsvc_role", role="standalone") == 1
+    assert value(after, "blobsvc_uploads_in_flight") == value(after, "blobsvc_staging_files") == 0
+
+
+async def test_busy_refusals_are_counted(metered: Settings) -> None:
+    async with BlobServer(replace(metered, max_connections=1)) as server:
+        async with (
+            AsyncBlobClient(server.address, retries=0) as holder,
+            AsyncBlobClient(server.address, retries=0) as refused,
+        ):
+            await holder.put(b"keeps its connection open")
+            with pytest.raises(Busy):
+                await refused.put(b"no room")
+        samples = await scrape_async(server)
+    assert value(samples, "blobsvc_busy_refusals_total") == 1
+    assert value(samples, "blobsvc_requests_total", op="PUT", outcome="ok") == 1
+
+
+async def start_upload(server: BlobServer, length: int, sent: bytes) -> asyncio.StreamWriter:
+    """A PUT of ``length`` bytes of which only ``sent`` have been sent, once the server stages it."""
+    _, writer = await asyncio.open_connection(*server.address)
+    protocol = ClientConnection()
+    writer.write(protocol.send(Hello()) + protocol.send(PutRequest(length)) + sent)
+    await writer.drain()
+    await wait_until(lambda: server.status()["staging_files"] == 1)
+    return writer
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the server never got there")
+
+
+async def test_an_upload_in_flight_shows_as_an_upload_and_a_staging_file(metered: Settings) -> None:
+    async with BlobServer(metered) as server:
+        writer = await start_upload(server, 100, b"half a body")
+        samples = await scrape_async(server)
+        writer.close()
+    assert value(samples, "blobsvc_uploads_in_flight") == 1
+    assert value(samples, "blobsvc_staging_files") == 1
+
+
+async def test_an_upload_cut_off_counts_as_aborted_with_the_bytes_received(metered: Settings) -> None:
+    async with BlobServer(metered) as server:
+        writer = await start_upload(server, 100, b"x" * 40)
+        writer.close()
+        await wait_until(lambda: server.status()["connections"] == 0)
+        samples = await scrape_async(server)
+    assert value(samples, "blobsvc_requests_total", op="PUT", outcome="BAD_REQUEST") == 1  # closed mid-body
+    assert value(samples, "blobsvc_received_bytes_total") == 40
+
+
+def test_corrupt_blobs_found_at_start_are_a_metric(metered: Settings) -> None:
+    async def run() -> Samples:
+        async with BlobServer(metered) as server, AsyncBlobClient(server.address) as client:
+            key = await client.put(os.urandom(4096))
+        path = metered.data_dir / "objects" / key
+        path.chmod(0o644)
+        path.write_bytes(b"rotten")
+        async with BlobServer(metered) as server:
+            return await scrape_async(server)
+
+    samples = asyncio.run(run())
+    assert value(samples, "blobsvc_removed_at_start", reason="corrupt") == 2  # the object and its name
+    assert value(samples, "blobsvc_stored_blobs") == 0
+
+
+async def test_a_status_source_sets_the_role_and_leader_changes(metered: Settings) -> None:
+    server = BlobServer(metered)
+    server.status_sources.append(lambda: {"role": "leader", "leader_changes": 3})
+    async with server:
+        samples = await scrape_async(server)
+    assert value(samples, "blobsvc_role", role="leader") == 1
+    assert value(samples, "blobsvc_leader_changes_total") == 3
+
+
+def test_metrics_without_prometheus_client_exit_1_naming_the_extra(tmp_path: Path) -> None:
+    """prometheus-client is installed here, so the child blocks its import (the one way to
+    show a missing extra without a second environment)."""
+    blocked = "import sys; sys.modules['prometheus_client'] = None; from blobsvc.cli import main; main()"
+    args = ["serve", "--port", "0", "--data-dir", str(tmp_path / "d"), "--metrics-port", "0"]
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr == "Error: metrics need prometheus-client: pip install 'blobsvc[metrics]'\n"
+
+
+def test_the_scrape_is_served_on_the_settings_host(metered: Settings) -> None:
+    async def run() -> str:
+        async with BlobServer(metered) as server:
+            assert server.metrics is not None
+            return address_text(server.metrics.address)
+
+    assert asyncio.run(run()).startswith("127.0.0.1:")
