@@ -98,7 +98,7 @@ async def start_upload(server: BlobServer, length: int, sent: bytes) -> asyncio.
     """A PUT of ``length`` bytes of which only ``sent`` have been sent, once the server stages it."""
     _, writer = await asyncio.open_connection(*server.address)
     protocol = ClientConnection()
-    writer.write(protocol.send(Hello()) + protocol.send(PutRequest(length)) + sent)
+    writer.write(bytes(protocol.send(Hello())) + bytes(protocol.send(PutRequest(length))) + sent)
     await writer.drain()
     await wait_until(lambda: server.status()["staging_files"] == 1)
     return writer
