@@ -84,16 +84,21 @@ def _fields(entry: Any, skip: str) -> dict[str, Any]:
 
 @cache.command()
 @_dir_option
+@setting_option("cache_max_bytes", "--max-bytes")
 @_json_option
 @click.pass_context
-def stats(ctx: click.Context, /, cache_dir: str | None, as_json: bool) -> None:
-    """Print totals: blobs and bytes, those in use, jobs, references, unfinished downloads."""
-    totals = dataclasses.asdict(_store(ctx, cache_dir).stats())
+def stats(ctx: click.Context, /, cache_dir: str | None, cache_max_bytes: str | None, as_json: bool) -> None:
+    """Print totals: blobs and bytes against the limit, those in use, jobs, references
+    (pinned jobs), unfinished downloads; and the counters of every process of the host since
+    the cache was made: hits, misses, downloads, bytes fetched, evictions."""
+    settings = load_settings(ctx, {"cache_dir": cache_dir, "cache_max_bytes": cache_max_bytes})
+    totals = dataclasses.asdict(_store(ctx, str(settings.cache_dir)).stats(settings.cache_max_bytes))
     if as_json:
         click.echo(json.dumps(totals))
-    else:
-        for name, value in totals.items():
-            click.echo(f"{name.replace('_', ' ')}: {value}")
+        return
+    for name, value in totals.items():
+        click.echo(f"{name.replace('_', ' ')}: {value}")
+    click.echo(f"used: {totals['bytes'] / settings.cache_max_bytes:.1%} of max bytes")
 
 
 @cache.command()

@@ -17,7 +17,7 @@ from .._exceptions import BadOffset, BlobError, DigestMismatch, LocalProtocolErr
 from .._ids import JobLike, KeyLike, job_bytes, key_bytes
 from .._protocol import name_error
 from ..client import BlobClient
-from ._store import CacheStore, CollectReport, RecoveryReport
+from ._store import CacheStats, CacheStore, CollectReport, RecoveryReport
 
 __all__ = ["DEFAULT_CLEANUP_INTERVAL", "DEFAULT_MAX_BYTES", "BlobCache", "JobBlobs"]
 
@@ -111,12 +111,13 @@ class BlobCache:
 
     def _content_path(self, key: str) -> Path:
         found = self.store.lookup(key)
-        if found is not None:
-            return found
-        with self.store.key_lock(key):
-            if not self.store.verify(key):
-                size = self._client.stat(key).size
-                self._download(key, size, {"key": key})
+        if found is None:
+            with self.store.key_lock(key):
+                if not self.store.verify(key):
+                    size = self._client.stat(key).size
+                    self._download(key, size, {"key": key})
+                    return self.store.content(key)
+        self.store.counters.add("hits")
         return self.store.content(key)
 
     def _job_path(self, job: bytes, name: str) -> Path:
@@ -126,11 +127,14 @@ class BlobCache:
         job_hex = job.hex()
         found = self.store.find_job_file(job_hex, name)
         if found is not None:
+            self.store.counters.add("hits")
             return found
         for _ in range(MAX_NAME_CHANGES):
             key = (info := self._client.stat(job=job, name=name)).key
             with self.store.key_lock(key):
-                if not self.store.verify(key):
+                if self.store.verify(key):
+                    self.store.counters.add("hits")  # the bytes are here under another name
+                else:
                     try:
                         self._download(key, info.size, {"job": job, "name": name})
                     except _NameChanged:
@@ -142,6 +146,7 @@ class BlobCache:
     def _download(self, key: str, size: int, target: dict[str, Any]) -> None:
         """Fetch ``key`` (from ``target``, the client's arguments naming the blob) into its
         partial file and publish it. Holds the key's lock."""
+        self.store.counters.add("misses")
         partial = self.store.reserve(key, size, self.max_bytes, wait=self._room_wait)
         held = os.stat(partial).st_size
         try:
@@ -151,11 +156,14 @@ class BlobCache:
                 raise
             # The bytes on disk were not this blob's beginning: once more, from zero.
             os.truncate(partial, 0)
+            held = 0
             info = self._client.resume_file(partial, **target)
+        self.store.counters.add("bytes_fetched", info.size - held)
         if info.key != key:
             os.unlink(partial)
             raise _NameChanged
         self.store.publish(key, partial)
+        self.store.counters.add("downloads")
 
     # --- jobs ----------------------------------------------------------------------------------
 
@@ -208,6 +216,11 @@ class BlobCache:
     def _next_sweep(self, report: CollectReport) -> float:
         sweep = time.time() + max(self.cleanup_interval, MIN_SWEEP_SECONDS)
         return sweep if report.next_deadline is None else min(sweep, report.next_deadline)
+
+    def stats(self) -> CacheStats:
+        """What the cache holds and the counters of every process of the host (hits, misses,
+        downloads, bytes fetched, evictions), with this cache's limit."""
+        return self.store.stats(self.max_bytes)
 
     def check(self, fix: bool = False) -> list[str]:
         """Rehash every blob and check the directory's rules; one warning per breach, [] when

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Holder", "LeaseFiles", "current_holder", "holder_alive"]
+__all__ = ["Holder", "LeaseFiles", "current_holder", "holder_alive", "name_alive", "parse_holder"]
 
 _PROC = Path("/proc")
 _HAS_PROC = (_PROC / "self" / "stat").exists()
@@ -68,7 +68,8 @@ def holder_alive(holder: Holder) -> bool:
     return True
 
 
-def _parse(name: str) -> Holder | None:
+def parse_holder(name: str) -> Holder | None:
+    """The holder a ``<pid>-<start>-<n>`` file name names, or None when it is no such name."""
     parts = name.split("-")
     if len(parts) != 3 or not all(part.isdigit() for part in parts):
         return None
@@ -97,7 +98,7 @@ class LeaseFiles:
         """Leases whose holder is alive; with ``purge``, the others are deleted."""
         live = 0
         for name in _listdir(self.directory):
-            if _is_live(name):
+            if name_alive(name):
                 live += 1
             elif purge:
                 self.drop(name)
@@ -105,11 +106,12 @@ class LeaseFiles:
 
     def dead(self) -> list[str]:
         """Leases whose holder has died (and files whose name is no lease's)."""
-        return [name for name in _listdir(self.directory) if not _is_live(name)]
+        return [name for name in _listdir(self.directory) if not name_alive(name)]
 
 
-def _is_live(name: str) -> bool:
-    holder = _parse(name)
+def name_alive(name: str) -> bool:
+    """Whether the process a ``<pid>-<start>-<n>`` name names is alive."""
+    holder = parse_holder(name)
     return holder is not None and holder_alive(holder)
 
 

@@ -16,6 +16,8 @@ Everything here is local to the host; fetching is :class:`~blobsvc.cache.BlobCac
                                   a job blob: a hard link to content/<key>, under the last
                                   component of its name so that ``x.jar`` still ends in ``.jar``
       trash/                      job directories on their way out
+      stats/                      counters: one file per process, and those of dead ones
+                                  (see ``_counters``)
 
 Locks are taken in one order, a key's lock before the directory lock, and nothing ever waits
 for a key's lock while holding the directory lock (it only tries), so no two processes can
@@ -42,6 +44,7 @@ import blake3
 
 from .._exceptions import BlobError
 from .._layout import decode_name, encode_name, key_from_filename
+from ._counters import Counters
 from ._leases import LeaseFiles
 from ._lock import FileLock
 
@@ -169,6 +172,10 @@ class JobEntry:
 
 @dataclass(frozen=True, slots=True)
 class CacheStats:
+    """What the cache holds now, and what every process of the host has counted since the
+    directory was made: ``hits`` are ``path()`` calls answered without a download, ``misses``
+    those that downloaded; ``bytes_fetched`` came from the server."""
+
     blobs: int
     bytes: int
     in_use_blobs: int
@@ -178,6 +185,13 @@ class CacheStats:
     references: int
     partials: int
     partial_bytes: int
+    max_bytes: int | None = None
+    hits: int = 0
+    misses: int = 0
+    downloads: int = 0
+    bytes_fetched: int = 0
+    evictions: int = 0
+    evicted_bytes: int = 0
 
 
 def _file_name(name: str) -> str:
@@ -224,6 +238,7 @@ class CacheStore:
         self.locks_dir = self.root / "locks"
         self.jobs_dir = self.root / "jobs"
         self.trash_dir = self.root / "trash"
+        self.counters = Counters(self.root / "stats")
         for directory in (
             self.content_dir,
             self.meta_dir,
@@ -231,6 +246,7 @@ class CacheStore:
             self.locks_dir,
             self.jobs_dir,
             self.trash_dir,
+            self.counters.directory,
         ):
             directory.mkdir(parents=True, exist_ok=True)
         self.boot = boot_id()
@@ -575,6 +591,8 @@ class CacheStore:
             used -= freed
             report.freed_bytes += freed
             report.evicted.append(key)
+            self.counters.add("evictions")
+            self.counters.add("evicted_bytes", freed)
         if strict and used + need > max_bytes:
             full = _RoomInFlight if passing and used - passing + need <= max_bytes else CacheFull
             raise full(
@@ -623,6 +641,7 @@ class CacheStore:
                 report.evicted, report.freed_bytes = evicted.evicted, evicted.freed_bytes
                 report.removed_partials += evicted.removed_partials
             self._remove_idle_locks()
+            self.counters.fold_dead()
         self._empty_trash()
         return report
 
@@ -806,9 +825,13 @@ class CacheStore:
         ]
         return blobs, jobs
 
-    def stats(self) -> CacheStats:
+    def stats(self, max_bytes: int | None = None) -> CacheStats:
+        """Totals for ``blobsvc cache stats`` and :meth:`BlobCache.stats`; ``max_bytes`` is
+        the limit to report, which only the processes using the cache know."""
         blobs, jobs = self.entries()
         partials = self._partials()
+        with self.directory_lock():
+            counted = self.counters.totals()
         return CacheStats(
             blobs=len(blobs),
             bytes=sum(b.size for b in blobs),
@@ -819,6 +842,8 @@ class CacheStore:
             references=sum(j.references for j in jobs),
             partials=len(partials),
             partial_bytes=sum(_size_on_disk(p.path) for p in partials),
+            max_bytes=max_bytes,
+            **counted,
         )
 
 
