@@ -152,7 +152,9 @@ async def _serve(settings: Settings) -> None:
     assert server.recovery is not None
     log_recovery(server.recovery, settings.data_dir)
     if server.metrics is not None:
-        log.info("metrics on http://%s:%d/metrics", *server.metrics.address)
+        for address in (server.metrics.address, server.http_address):
+            if address is not None:
+                log.info("metrics on http://%s:%d/metrics", *address)
 
     def on_signal() -> None:
         if stop.is_set():  # a second signal: stop waiting for in-flight requests

@@ -101,13 +101,16 @@ def _optional_path(text: str | Path | None) -> Path | None:
     return Path(text).expanduser() if text else None
 
 
-def _optional_port(text: str | int | None) -> int | None:
-    if text is None or str(text).strip() in ("", "off", "none"):
+def _metrics_port(text: str | int | None) -> str | None:
+    """A port, ``http`` (the HTTP face's ``/metrics`` only), or None (off)."""
+    text = None if text is None else str(text).strip().lower()
+    if text in (None, "", "off", "none"):
         return None
-    port = int(text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"not a port: {text!r}")
-    return port
+    if text == "http":
+        return text
+    if not text.isdigit() or int(text) > 65535:
+        raise ValueError(f"not a port or 'http': {text!r}")
+    return str(int(text))
 
 
 def _choice(*choices: str) -> Callable[[str], str]:
@@ -175,10 +178,11 @@ class Settings:
         _parse_port,
         "Port of the read-only HTTP face (GET/HEAD of blobs; signed URLs when a secret is set); off when unset.",
     )
-    metrics_port: int | None = _setting(
+    metrics_port: str | None = _setting(
         None,
-        _optional_port,
-        "Port of the Prometheus /metrics endpoint, on the server's host (0: any free); off if unset.",
+        _metrics_port,
+        "Port of the Prometheus /metrics endpoint on the server's host (0: any free), or 'http' for the HTTP "
+        "face's /metrics only; off when unset.",
     )
     log_format: str = _setting("text", _choice(*LOG_FORMATS), "Server log lines: text, or json (one object per line).")
     log_level: str = _setting("info", _choice(*LOG_LEVELS), "Server log level; debug logs one line per request.")

@@ -18,6 +18,7 @@ installed, asking for metrics raises :class:`MetricsUnavailable`, naming the ext
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
     from ._netio import SocketStream
+    from .http import HttpFace, HttpRequest, HttpResponse
     from .server import BlobServer
 
 __all__ = ["BUCKETS", "EXTRA", "MetricsUnavailable", "ServerMetrics"]
@@ -155,24 +157,35 @@ class ServerMetrics:
                 "blobsvc_leader_changes", "Leaders this server has seen elected.", value=status["leader_changes"]
             )
 
-    def render(self) -> tuple[bytes, str]:
-        """One scrape's body and content type, for any HTTP face that serves ``/metrics``."""
+    def add_route(self, face: HttpFace) -> None:
+        """Serve ``/metrics`` on the server's HTTP face too (when its ``http_port`` is set)."""
+        face.routes["metrics"] = self._http_scrape
+
+    async def _http_scrape(self, request: HttpRequest) -> HttpResponse:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        from .http import HttpResponse, text_response
+
+        if request.path.rstrip("/") != "/metrics":
+            return text_response(404, "the metrics are at /metrics")
+        # Built in a worker thread, as the dedicated port does: a scrape lists incoming/ and
+        # calls statvfs, which must not stall the event loop on a slow disk.
+        body = await asyncio.to_thread(generate_latest, self.registry)
+        return HttpResponse(200, [("Content-Type", CONTENT_TYPE_LATEST)], body)
 
     # --- the endpoint ------------------------------------------------------------------------
 
-    def serve(self, host: str, port: int) -> tuple[str, int]:
-        """Answer scrapes on ``host:port`` (0: any free port) from a daemon thread; the bound address."""
+    def serve(self, host: str, port: int) -> None:
+        """Answer scrapes on ``host:port`` (0: any free port) from a daemon thread."""
         from prometheus_client import start_http_server
 
         self._httpd, _ = start_http_server(port, addr=host, registry=self.registry)
-        return self.address
 
     @property
-    def address(self) -> tuple[str, int]:
-        assert self._httpd is not None, "serve() first"
+    def address(self) -> tuple[str, int] | None:
+        """The metrics port's bound address; None without one (``/metrics`` on the HTTP face only)."""
+        if self._httpd is None:
+            return None
         host, port, *_ = self._httpd.server_address
         return str(host), int(port)
 

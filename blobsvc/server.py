@@ -126,7 +126,8 @@ class BlobServer:
         self._started = time.time()
         self._started_clock = time.monotonic()
         self.metrics: ServerMetrics | None = None
-        """The Prometheus metrics, when ``metrics_port`` is set; ``metrics.address`` is their endpoint."""
+        """The Prometheus metrics when ``metrics_port`` is set, served on that port
+        (``metrics.address``) and on the HTTP face's ``/metrics``."""
 
     @property
     def address(self) -> tuple[str, int]:
@@ -143,18 +144,22 @@ class BlobServer:
         return host, port
 
     async def start(self) -> None:
+        if self.settings.metrics_port == "http" and self.settings.http_port is None:
+            raise ValueError("metrics_port 'http' serves /metrics on the HTTP face: set http_port too")
         if self.settings.metrics_port is not None and self.metrics is None:
             from .metrics import ServerMetrics  # prometheus-client is an optional extra: checked first
 
             self.metrics = ServerMetrics(self)
+            self.metrics.add_route(self.http)
         if logging.getLogger("blobsvc.requests").isEnabledFor(logging.DEBUG) and log_request not in self.observers:
             self.observers.append(log_request)
         self._started, self._started_clock = time.time(), time.monotonic()
         self.recovery = await asyncio.to_thread(self.storage.recover)
         self._listener = _bind(self.settings.host, self.settings.ports)
-        if self.metrics is not None:
+        if self.settings.metrics_port not in (None, "http"):
+            assert self.metrics is not None
             try:
-                self.metrics.serve(self.settings.host, self.settings.metrics_port or 0)
+                self.metrics.serve(self.settings.host, int(self.settings.metrics_port))
             except BaseException:
                 self._listener.close()
                 raise

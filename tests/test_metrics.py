@@ -12,10 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from blobsvc import AsyncBlobClient, BlobServer, Busy, NotFound, Settings
 from blobsvc._protocol import ClientConnection, Hello, PutRequest
+from blobsvc.cli import main
 
 from .conftest import address_text
 
@@ -24,9 +26,10 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def scrape(address: tuple[str, int]) -> Samples:
+def scrape(address: tuple[str, int], path: str = "/metrics") -> Samples:
     """Every sample of one scrape, by name and labels."""
-    with _NO_PROXY.open(f"http://{address[0]}:{address[1]}/metrics", timeout=10) as response:
+    with _NO_PROXY.open(f"http://{address[0]}:{address[1]}{path}", timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=")
         text = response.read().decode()
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
@@ -40,13 +43,13 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 async def scrape_async(server: BlobServer) -> Samples:
-    assert server.metrics is not None
+    assert server.metrics is not None and server.metrics.address is not None
     return await asyncio.to_thread(scrape, server.metrics.address)
 
 
 @pytest.fixture
 def metered(settings: Settings) -> Settings:
-    return replace(settings, metrics_port=0)
+    return replace(settings, metrics_port="0")
 
 
 async def test_counters_move_by_the_amounts_of_real_requests(metered: Settings) -> None:
@@ -171,7 +174,35 @@ def test_metrics_without_prometheus_client_exit_1_naming_the_extra(tmp_path: Pat
 def test_the_scrape_is_served_on_the_settings_host(metered: Settings) -> None:
     async def run() -> str:
         async with BlobServer(metered) as server:
-            assert server.metrics is not None
+            assert server.metrics is not None and server.metrics.address is not None
             return address_text(server.metrics.address)
 
     assert asyncio.run(run()).startswith("127.0.0.1:")
+
+
+async def test_metrics_http_serves_them_on_the_http_face_only(settings: Settings) -> None:
+    async with BlobServer(replace(settings, http_port="0", metrics_port="http")) as server:
+        assert server.http_address is not None and server.metrics is not None
+        async with AsyncBlobClient(server.address) as client:
+            key = await client.put(b"seen over http")
+            await client.get(key)
+        samples = await asyncio.to_thread(scrape, server.http_address)
+        assert server.metrics.address is None  # no port of its own
+    assert value(samples, "blobsvc_requests_total", op="GET", outcome="ok") == 1
+    assert value(samples, "blobsvc_sent_bytes_total") == len(b"seen over http")
+
+
+async def test_a_metrics_port_and_the_http_face_serve_the_same_metrics(metered: Settings) -> None:
+    async with BlobServer(replace(metered, http_port="0")) as server:
+        assert server.http_address is not None
+        async with AsyncBlobClient(server.address) as client:
+            await client.put(b"one")
+        on_port, on_face = await asyncio.gather(scrape_async(server), asyncio.to_thread(scrape, server.http_address))
+    for samples in (on_port, on_face):
+        assert value(samples, "blobsvc_requests_total", op="PUT", outcome="ok") == 1
+
+
+def test_metrics_http_without_the_http_face_is_a_usage_error(tmp_path: Path) -> None:
+    args = ["serve", "--port", "0", "--data-dir", str(tmp_path), "--metrics-port", "http"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "set http_port too" in result.stderr
