@@ -64,7 +64,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -196,10 +196,12 @@ def machine() -> dict[str, Any]:
 class ServerProcess:
     """``blobsvc serve`` as a child process on 127.0.0.1, stopped by PID."""
 
-    def __init__(self, data_dir: Path, log_path: Path, inline_read_limit: int | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, log_path: Path, inline_read_limit: int | None = None, extra_args: Sequence[str] = ()
+    ) -> None:
         serve = [
             "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir),
-            "--log-level", "warning", "--no-verify-on-start",
+            "--log-level", "warning", "--no-verify-on-start", *extra_args,
         ]  # fmt: skip
         if inline_read_limit is None:
             self.command = [sys.executable, "-m", "blobsvc", *serve]
@@ -263,8 +265,10 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def running_server(data_dir: Path, log_path: Path, inline_read_limit: int | None = None) -> Iterator[ServerProcess]:
-    server = ServerProcess(data_dir, log_path, inline_read_limit)
+def running_server(
+    data_dir: Path, log_path: Path, inline_read_limit: int | None = None, extra_args: Sequence[str] = ()
+) -> Iterator[ServerProcess]:
+    server = ServerProcess(data_dir, log_path, inline_read_limit, extra_args)
     try:
         yield server
         server.check_alive()

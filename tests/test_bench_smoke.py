@@ -81,3 +81,21 @@ def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) 
     assert summary["summary"]["get_8MiB_MB_s"] == seen["get_8MiB"]["MB_s"]
     # The data directory is removed afterwards.
     assert list(tmp_path.iterdir()) == []
+
+
+def test_quick_metrics_benchmark_measures_both_servers_and_a_ratio(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_metrics", "--quick", "--tmp-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert completed.returncode == 0, completed.stderr
+    records: list[dict[str, Any]] = [json.loads(line) for line in completed.stdout.splitlines()]
+    benches = [record.get("bench") for record in records]
+    assert benches[0] == "setup" and {"get_4KiB_metrics_off", "get_4KiB_metrics_on", "ratio"} <= set(benches)
+    summary = records[-1]["summary"]
+    assert summary["median_on_over_off"] > 0 and summary["gets_counted_by_metrics"] >= 200
+    assert list(tmp_path.iterdir()) == []
