@@ -97,5 +97,6 @@ def test_quick_metrics_benchmark_measures_both_servers_and_a_ratio(tmp_path: Pat
     benches = [record.get("bench") for record in records]
     assert benches[0] == "setup" and {"get_4KiB_metrics_off", "get_4KiB_metrics_on", "ratio"} <= set(benches)
     summary = records[-1]["summary"]
-    assert summary["median_on_over_off"] > 0 and summary["gets_counted_by_metrics"] >= 200
+    assert summary["median_ops_on_over_off"] > 0 and summary["median_cpu_per_op_on_over_off"] > 0
+    assert summary["observe_ns"] > 0 and summary["gets_counted_by_metrics"] >= 200
     assert list(tmp_path.iterdir()) == []
