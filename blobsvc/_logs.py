@@ -54,7 +54,11 @@ def configure(level: str, fmt: str) -> None:
 
 
 def target_text(event: Any) -> str:
-    """What a request names: a key, ``job/name``, ``job/*``, or ``-``."""
+    """What a request names: a key, ``job/name``, ``job/*``, an HTTP path (without its query,
+    which may hold a URL signature), or ``-``."""
+    path = getattr(event, "path", None)
+    if isinstance(path, str):
+        return path
     target = getattr(event, "target", None)
     if isinstance(event, ListRequest):
         target = WholeJob(event.job)

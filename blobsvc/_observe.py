@@ -1,7 +1,8 @@
 """What a server tells its request observers (metrics, request logs), and how it is named.
 
 An observer is called once per request after it ends, on the event loop, with the request
-frame, its outcome (0 for OK, the error code answered, or :data:`ABORTED`), the body bytes it
+frame (or the HTTP face's ``HttpRequest``), its outcome (0 for OK, the error code answered, an
+HTTP status of 400 or more, or :data:`ABORTED`), the body bytes it
 moved, its duration in seconds and the connection's stream. It must be quick and must not
 raise: it runs on the small-request path.
 """
@@ -15,7 +16,7 @@ from typing import Any
 from ._exceptions import ERRORS
 from ._netio import SocketStream
 
-__all__ = ["ABORTED", "RequestObserver", "op_name", "outcome_name"]
+__all__ = ["ABORTED", "RequestObserver", "http_outcome", "op_name", "outcome_name"]
 
 ABORTED = -1
 """The outcome of a request that ended without an answer: the peer went away, a timeout, shutdown."""
@@ -36,6 +37,19 @@ def outcome_name(outcome: int) -> str:
     return _OUTCOMES.get(outcome) or str(outcome)
 
 
+_OPS: dict[type, str] = {}
+
+
 def op_name(event: Any) -> str:
-    """``GetRequest`` → ``GET``: the operation a request frame asks for."""
-    return type(event).__name__.removesuffix("Request").upper()
+    """The operation a request asks for: ``GetRequest`` → ``GET``; an HTTP request of the
+    HTTP face (``HttpRequest``) → ``HTTP_GET`` or ``HTTP_HEAD``."""
+    kind = type(event)
+    name = _OPS.get(kind)
+    if name is None:
+        name = _OPS[kind] = kind.__name__.removesuffix("Request").upper()
+    return f"HTTP_{event.method}" if name == "HTTP" else name
+
+
+def http_outcome(status: int) -> int:
+    """The outcome of an HTTP answer: 0 (``ok``) below 400, else the status (``404``)."""
+    return 0 if status < 400 else status

@@ -44,6 +44,7 @@ import h11
 from ._exceptions import InternalError, NotFound, TransportError
 from ._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ._netio import SocketStream
+from ._observe import ABORTED, http_outcome
 from ._protocol import ContentKey, JobBlob, name_error
 from .storage import BlobStorage, OpenBlob
 
@@ -376,6 +377,7 @@ class HttpConnection:
             request = HttpRequest.from_h11(event)
             self.server.requests[f"HTTP {request.method}"] += 1
             if first and self.server._over_limit():
+                self.server.busy_refusals += 1
                 limit = self.settings.max_connections
                 await self._refuse(text_response(503, f"the server is at its limit of {limit} connections"))
                 return
@@ -383,11 +385,21 @@ class HttpConnection:
             # A request body (a PUT, say) is never read: answer, then close instead of draining it.
             body_follows = not self._request_ended()
             close = body_follows or self.server._closing
+            began = time.perf_counter()
             response = await self.server.http.respond(request)
-            if body_follows:
-                await self._refuse(response)
-                return
-            await self._send_response(response, head=request.method == "HEAD", close=close)
+            head = request.method == "HEAD"
+            outcome, sent = http_outcome(response.status), 0 if head else response.content_length
+            try:
+                if body_follows:
+                    await self._refuse(response)
+                    return
+                await self._send_response(response, head=head, close=close)
+            except BaseException:
+                outcome, sent = ABORTED, 0
+                raise
+            finally:
+                for observe in self.server.observers:  # metrics, request logs
+                    observe(request, outcome, sent, time.perf_counter() - began, self.stream)
             self.busy = False
             if close or self.server._closing or self.h11.our_state is not h11.DONE:
                 return

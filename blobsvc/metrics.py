@@ -78,8 +78,7 @@ class ServerMetrics:
         from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
         self.server = server
-        self._requests: dict[tuple[type, int], int] = {}
-        self._ops: dict[type, str] = {}
+        self._requests: dict[tuple[str, int], int] = {}
         self._latency: dict[str, list[int]] = {}  # per op: a count per bucket, then +Inf
         self._latency_sum: dict[str, float] = {}
         self.received_bytes = 0
@@ -93,14 +92,12 @@ class ServerMetrics:
 
     def observe(self, event: Any, outcome: int, moved: int, seconds: float, stream: SocketStream) -> None:
         """Count one request (a server observer): on the event loop, so no lock."""
-        kind = type(event)
-        op = self._ops.get(kind)
-        if op is None:
-            op = self._ops[kind] = op_name(event)
+        op = op_name(event)
+        key = (op, outcome)  # the outcome is named at scrape time, not here
+        self._requests[key] = self._requests.get(key, 0) + 1
+        if op not in self._latency:
             self._latency[op] = [0] * (len(BUCKETS) + 1)
             self._latency_sum[op] = 0.0
-        key = (kind, outcome)  # named at scrape time, not here
-        self._requests[key] = self._requests.get(key, 0) + 1
         if moved:
             if op == "PUT":
                 self.received_bytes += moved
@@ -120,8 +117,8 @@ class ServerMetrics:
             "blobsvc_requests", "Requests by operation and outcome (ok, aborted, or the error code's name).",
             labels=["op", "outcome"],
         )  # fmt: skip
-        for (kind, outcome), count in list(self._requests.items()):
-            requests.add_metric([self._ops[kind], outcome_name(outcome)], count)
+        for (op, outcome), count in list(self._requests.items()):
+            requests.add_metric([op, outcome_name(outcome)], count)
         yield requests
         yield CounterMetricFamily("blobsvc_received_bytes", "Body bytes received (PUT).", value=self.received_bytes)
         yield CounterMetricFamily("blobsvc_sent_bytes", "Body bytes sent (GET).", value=self.sent_bytes)

@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
@@ -180,16 +181,29 @@ def test_the_scrape_is_served_on_the_settings_host(metered: Settings) -> None:
     assert asyncio.run(run()).startswith("127.0.0.1:")
 
 
+def http_get(address: tuple[str, int], path: str) -> int:
+    try:
+        with _NO_PROXY.open(f"http://{address[0]}:{address[1]}{path}", timeout=10) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 async def test_metrics_http_serves_them_on_the_http_face_only(settings: Settings) -> None:
     async with BlobServer(replace(settings, http_port="0", metrics_port="http")) as server:
         assert server.http_address is not None and server.metrics is not None
         async with AsyncBlobClient(server.address) as client:
             key = await client.put(b"seen over http")
             await client.get(key)
+        assert await asyncio.to_thread(http_get, server.http_address, f"/blobs/{key}") == 200
+        assert await asyncio.to_thread(http_get, server.http_address, f"/blobs/{'0' * 64}") == 404
         samples = await asyncio.to_thread(scrape, server.http_address)
         assert server.metrics.address is None  # no port of its own
     assert value(samples, "blobsvc_requests_total", op="GET", outcome="ok") == 1
-    assert value(samples, "blobsvc_sent_bytes_total") == len(b"seen over http")
+    assert value(samples, "blobsvc_requests_total", op="HTTP_GET", outcome="ok") == 1
+    assert value(samples, "blobsvc_requests_total", op="HTTP_GET", outcome="404") == 1
+    assert value(samples, "blobsvc_sent_bytes_total") > 2 * len(b"seen over http")  # and the 404's text
 
 
 async def test_a_metrics_port_and_the_http_face_serve_the_same_metrics(metered: Settings) -> None:
