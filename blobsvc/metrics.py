@@ -19,7 +19,7 @@ installed, asking for metrics raises :class:`MetricsUnavailable`, naming the ext
 from __future__ import annotations
 
 import asyncio
-import bisect
+from bisect import bisect_left as _bisect
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -79,8 +79,8 @@ class ServerMetrics:
 
         self.server = server
         self._requests: dict[tuple[str, int], int] = {}
-        self._latency: dict[str, list[int]] = {}  # per op: a count per bucket, then +Inf
-        self._latency_sum: dict[str, float] = {}
+        # Per op: a count per bucket, the count above the last (+Inf), then the sum of seconds.
+        self._latency: dict[str, list[float]] = {}
         self.received_bytes = 0
         self.sent_bytes = 0
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=False)
@@ -93,18 +93,18 @@ class ServerMetrics:
     def observe(self, event: Any, outcome: int, moved: int, seconds: float, stream: SocketStream) -> None:
         """Count one request (a server observer): on the event loop, so no lock."""
         op = op_name(event)
-        key = (op, outcome)  # the outcome is named at scrape time, not here
-        self._requests[key] = self._requests.get(key, 0) + 1
-        if op not in self._latency:
-            self._latency[op] = [0] * (len(BUCKETS) + 1)
-            self._latency_sum[op] = 0.0
+        requests, key = self._requests, (op, outcome)  # the outcome is named at scrape time
+        requests[key] = requests.get(key, 0) + 1
+        histogram = self._latency.get(op)
+        if histogram is None:
+            histogram = self._latency[op] = [0] * (len(BUCKETS) + 1) + [0.0]
+        histogram[_bisect(BUCKETS, seconds)] += 1
+        histogram[-1] += seconds
         if moved:
             if op == "PUT":
                 self.received_bytes += moved
             else:
                 self.sent_bytes += moved
-        self._latency[op][bisect.bisect_left(BUCKETS, seconds)] += 1
-        self._latency_sum[op] += seconds
 
     # --- scrape ------------------------------------------------------------------------------
 
@@ -125,13 +125,14 @@ class ServerMetrics:
         latency = HistogramMetricFamily(
             "blobsvc_request_duration_seconds", "Time from a request's header to its answer.", labels=["op"]
         )
-        for op, counts in list(self._latency.items()):
-            counts = list(counts)
-            buckets, total = [], 0
-            for bound, count in zip((*map(str, BUCKETS), "+Inf"), counts, strict=True):
-                total += count
+        for op, histogram in list(self._latency.items()):
+            *counts, seconds = list(histogram)
+            buckets: list[tuple[str, float]] = []
+            total = 0.0
+            for bound, in_bucket in zip((*map(str, BUCKETS), "+Inf"), counts, strict=True):
+                total += in_bucket
                 buckets.append((bound, total))
-            latency.add_metric([op], buckets, self._latency_sum[op])
+            latency.add_metric([op], buckets, seconds)
         yield latency
         for name, key, text in _STATE_COUNTERS:
             yield CounterMetricFamily(name, text, value=status[key])
