@@ -48,7 +48,7 @@ from blobsvc._protocol import ContentKey, GetRequest
 from blobsvc.metrics import ServerMetrics
 
 KEYS = 1024
-ROUND_SECONDS = 2.0
+ROUND_SECONDS = 1.0
 OBSERVE_CALLS = 200_000
 
 
@@ -83,12 +83,12 @@ def observe_ns(work: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=None, help="Rounds of off/on measurements (default 10).")
+    parser.add_argument("--rounds", type=int, default=None, help="Rounds of off/on measurements (default 30).")
     parser.add_argument("--seconds", type=float, default=ROUND_SECONDS, help="Seconds of each measurement.")
     parser.add_argument("--quick", action="store_true", help="Tiny counts: a smoke test, not a measurement.")
     parser.add_argument("--tmp-dir", help="Parent of the temporary data directory.")
     args = parser.parse_args(argv)
-    rounds = args.rounds or (1 if args.quick else 10)
+    rounds = args.rounds or (1 if args.quick else 30)
     max_ops, seconds, warmup = (200, SMALL_MAX_SECONDS, 20) if args.quick else (SMALL_MAX_OPS, args.seconds, 500)
     work = Path(tempfile.mkdtemp(prefix="blobsvc-bench-metrics-", dir=choose_tmp_parent(args.tmp_dir)))
     data_dir = work / "data"

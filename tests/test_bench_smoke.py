@@ -50,9 +50,10 @@ EXPECTED = {
 }
 
 
-def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) -> None:
+def run_quick(module: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of ``python -m <module> --quick``, which must succeed."""
     completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_server", "--quick", "--tmp-dir", str(tmp_path)],
+        [sys.executable, "-m", module, "--quick", "--tmp-dir", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -60,7 +61,11 @@ def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) 
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert completed.returncode == 0, completed.stderr
-    records: list[dict[str, Any]] = [json.loads(line) for line in completed.stdout.splitlines()]
+    return [json.loads(line) for line in completed.stdout.splitlines()]
+
+
+def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) -> None:
+    records = run_quick("benchmarks.bench_server", tmp_path)
     assert all(isinstance(record, dict) for record in records)
 
     *measurements, summary = records
@@ -84,16 +89,7 @@ def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) 
 
 
 def test_quick_metrics_benchmark_measures_both_servers_and_a_ratio(tmp_path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_metrics", "--quick", "--tmp-dir", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert completed.returncode == 0, completed.stderr
-    records: list[dict[str, Any]] = [json.loads(line) for line in completed.stdout.splitlines()]
+    records = run_quick("benchmarks.bench_metrics", tmp_path)
     benches = [record.get("bench") for record in records]
     assert benches[0] == "setup" and {"get_4KiB_metrics_off", "get_4KiB_metrics_on", "ratio"} <= set(benches)
     summary = records[-1]["summary"]
