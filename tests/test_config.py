@@ -45,6 +45,10 @@ def test_the_config_file_can_be_named_by_the_environment(tmp_path: Path) -> None
         ({"io_timeout": "nan"}, "io_timeout"),
         ({"max_connections": "0"}, "max_connections"),
         ({"verify_on_start": "perhaps"}, "verify_on_start"),
+        ({"metrics_port": "70000"}, "metrics_port"),
+        ({"metrics_port": "https"}, "metrics_port"),
+        ({"log_format": "xml"}, "log_format"),
+        ({"log_level": "loud"}, "log_level"),
     ],
 )
 def test_bad_values_name_the_setting(overrides: dict[str, str], words: str) -> None:
@@ -78,3 +82,10 @@ def test_every_setting_is_in_the_readme_table() -> None:
     for field in dataclasses.fields(Settings):
         assert f"`{field.name}`" in text, field.name
         assert f"BLOBSVC_{field.name.upper()}" in text, field.name
+
+
+def test_metrics_port_is_a_port_http_or_off() -> None:
+    assert Settings.load({"metrics_port": "9130"}, environ={}).metrics_port == "9130"
+    assert Settings.load({"metrics_port": "HTTP"}, environ={}).metrics_port == "http"
+    assert Settings.load(environ={"BLOBSVC_METRICS_PORT": "off"}).metrics_port is None
+    assert Settings.load(environ={}).metrics_port is None
