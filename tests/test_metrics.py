@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from blobsvc import AsyncBlobClient, BlobServer, Busy, NotFound, Settings
-from blobsvc._protocol import ClientConnection, Hello, PutRequest
+from blobsvc._protocol import ClientConnection, ContentKey, GetRequest, Hello, PutRequest
 from blobsvc.cli import main
 
 from .conftest import address_text
@@ -125,7 +125,7 @@ async def test_an_upload_in_flight_shows_as_an_upload_and_a_staging_file(metered
     assert value(samples, "blobsvc_staging_files") == 1
 
 
-async def test_an_upload_cut_off_counts_as_aborted_with_the_bytes_received(metered: Settings) -> None:
+async def test_an_upload_cut_off_counts_as_a_bad_request_with_the_bytes_received(metered: Settings) -> None:
     async with BlobServer(metered) as server:
         writer = await start_upload(server, 100, b"x" * 40)
         writer.close()
@@ -220,3 +220,17 @@ def test_metrics_http_without_the_http_face_is_a_usage_error(tmp_path: Path) -> 
     args = ["serve", "--port", "0", "--data-dir", str(tmp_path), "--metrics-port", "http"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "set http_port too" in result.stderr
+
+
+async def test_a_download_the_client_walks_away_from_counts_as_aborted(metered: Settings) -> None:
+    async with BlobServer(metered) as server, AsyncBlobClient(server.address) as client:
+        key = await client.put(os.urandom(32 << 20))
+        reader, writer = await asyncio.open_connection(*server.address)
+        protocol = ClientConnection()
+        writer.write(bytes(protocol.send(Hello())) + bytes(protocol.send(GetRequest(ContentKey(bytes.fromhex(key))))))
+        await reader.readexactly(6 + 1 + 8 + 32)  # the server's preamble and the GET's header
+        writer.transport.abort()  # a reset, with 32 MiB still to send
+        await wait_until(lambda: server.status()["connections"] == 1)  # the client's pooled one
+        samples = await scrape_async(server)
+    assert value(samples, "blobsvc_requests_total", op="GET", outcome="aborted") == 1
+    assert value(samples, "blobsvc_sent_bytes_total") == 0  # only bodies sent whole count
