@@ -12,8 +12,13 @@ Two kinds of figures, each gathered the cheaper way:
   removed, the role (and, once HA gives them, leader changes). Nothing is kept for these.
 
 Scrapes are answered by prometheus-client's HTTP server in a daemon thread on
-``metrics_port``, so a slow scrape never holds up the event loop. Without prometheus-client
-installed, asking for metrics raises :class:`MetricsUnavailable`, naming the extra.
+``metrics_port``, and by the ``/metrics`` route of the server's HTTP face (built in a worker
+thread), so a slow scrape never holds up the event loop; ``metrics_port = "http"`` keeps the
+route alone. Without prometheus-client installed, asking for metrics raises
+:class:`MetricsUnavailable`, naming the extra.
+
+HA feeds the ``role`` gauge and the ``leader_changes`` counter through the fields its
+``status()`` adds to :meth:`BlobServer.status` (``server.status_sources``).
 """
 
 from __future__ import annotations

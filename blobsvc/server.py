@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -276,6 +277,7 @@ class BlobServer:
         return status
 
 
+@functools.cache
 def _version() -> str:
     try:
         return metadata.version("blobsvc")
