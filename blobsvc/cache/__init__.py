@@ -9,6 +9,7 @@ directory under a byte limit by evicting the least recently used blobs no job is
 * ``_lock``: ``flock`` locks that hold between threads and between processes;
 * ``_leases``: reference counts as lease files of live processes;
 * ``_store``: the directory: layout, publication, checks, links, eviction, collection;
+* ``_counters``: hits, misses, downloads, bytes fetched and evictions of every process;
 * ``_cache``: :class:`BlobCache`, which fetches from the server into the store.
 """
 
