@@ -4,6 +4,7 @@ process of the host and read by ``BlobCache.stats()`` and ``blobsvc cache stats`
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import struct
 from pathlib import Path
@@ -122,3 +123,15 @@ def test_a_fold_cut_short_between_its_two_steps_counts_nothing_twice(tmp_path: P
     assert json.loads((stats / "retired").read_text())["folded"] == [dead]
     counters.fold_dead()  # the name is forgotten once its file is gone
     assert json.loads((stats / "retired").read_text())["folded"] == []
+
+
+def test_a_forked_child_counts_in_a_file_of_its_own(tmp_path: Path) -> None:
+    counters = Counters(tmp_path)
+    counters.add("hits")  # the parent's file is mapped before the fork
+    child = multiprocessing.get_context("fork").Process(target=counters.add, args=("hits", 10))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    counters.add("hits")
+    assert len(os.listdir(tmp_path)) == 2
+    assert counters.totals()["hits"] == 12

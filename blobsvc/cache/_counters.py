@@ -7,7 +7,7 @@ and never wait for another process. Each process therefore counts in a file of i
 8-byte slots that it maps into memory shared with the page cache. Counting is a store to
 memory, with no system call and no lock between processes, and a reader that reads the file
 sees the count at once, since it reads the same pages. A thread lock orders the threads of one
-process.
+process; a forked child gets a new lock and, at its first count, a file of its own.
 
 When a process dies its file stays, counts and all; the next collection (which holds the
 directory lock) folds the files of dead processes into ``stats/retired``, written whole and
@@ -27,6 +27,7 @@ import os
 import struct
 import threading
 import uuid
+import weakref
 from pathlib import Path
 
 from ._leases import current_holder, name_alive, parse_holder
@@ -36,9 +37,18 @@ __all__ = ["FIELDS", "Counters"]
 FIELDS = ("hits", "misses", "downloads", "bytes_fetched", "evictions", "evicted_bytes")
 _SLOT = struct.Struct("<Q")
 _SIZE = _SLOT.size * len(FIELDS)
-_OFFSETS = {name: i * _SLOT.size for i, name in enumerate(FIELDS)}
+_OFFSET = {name: i * _SLOT.size for i, name in enumerate(FIELDS)}
 _RETIRED = "retired"
 _numbers = itertools.count(1)
+_EVERY: weakref.WeakSet[Counters] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for counters in list(_EVERY):
+        counters._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Counters:
@@ -48,17 +58,21 @@ class Counters:
         self.directory = directory
         self._lock = threading.Lock()
         self._map: mmap.mmap | None = None
-        self._pid = 0
+        _EVERY.add(self)
 
     def add(self, field: str, amount: int = 1) -> None:
         """Count ``amount`` more of ``field`` for this process."""
-        offset = _OFFSETS[field]
+        offset = _OFFSET[field]
         with self._lock:
-            if self._pid != os.getpid():  # first count, or a forked child: a file of its own
-                self._map, self._pid = self._open_own(), os.getpid()
-            assert self._map is not None
+            if self._map is None:  # the first count of this process
+                self._map = self._open_own()
             (value,) = _SLOT.unpack_from(self._map, offset)
             _SLOT.pack_into(self._map, offset, value + amount)
+
+    def _forked(self) -> None:
+        # The child's counts go to a file of its own, and a lock another thread of the parent
+        # held at the fork would never be released here.
+        self._lock, self._map = threading.Lock(), None
 
     def _open_own(self) -> mmap.mmap:
         holder = current_holder()
@@ -105,7 +119,7 @@ class Counters:
         except FileNotFoundError:
             return {}
         raw = raw[:_SIZE].ljust(_SIZE, b"\0")  # a file being created reads short
-        return {field: _SLOT.unpack_from(raw, offset)[0] for field, offset in _OFFSETS.items()}
+        return {field: _SLOT.unpack_from(raw, offset)[0] for field, offset in _OFFSET.items()}
 
     def _read_retired(self) -> tuple[dict[str, int], set[str]]:
         try:
