@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from blobsvc import BlobClient, NotFound, new_job_id
+from blobsvc.http import blob_url
 
 from .conftest import ServerProcess
 
@@ -88,3 +90,24 @@ def test_the_start_up_report_names_each_removed_file_and_why(spawn_server: Spawn
     corrupt = next(line for line in lines if line.get("removed") == "corrupt")
     assert corrupt["level"] == "warning" and "no longer hash to its key" in corrupt["message"]
     assert lines[0]["message"].startswith("serving 1 blobs (5 bytes)")
+
+
+def test_http_requests_are_logged_by_path_without_their_signature(spawn_server: Spawn, tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET)
+    server = spawn_server(
+        "--secret-file", str(secret_file), "--http-port", "0", "--log-level", "debug", "--log-format", "json"
+    )
+    assert server.process.stdout is not None
+    http_port = int(server.process.stdout.readline().rsplit(":", 1)[1])
+    with BlobClient(server.address, secret=SECRET) as client:
+        key = client.put(b"over http")
+    url = blob_url(f"http://127.0.0.1:{http_port}", key=key, secret=SECRET)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=10) as response:
+        assert response.read() == b"over http"
+    err = stderr_of(server)
+    assert url.rsplit("signature=", 1)[1] not in err and SECRET not in err.encode()
+    lines = [json.loads(line) for line in err.splitlines()]
+    (http,) = [line for line in lines if line.get("op") == "HTTP_GET"]
+    assert (http["target"], http["outcome"], http["bytes"]) == (f"/blobs/{key}", "ok", len(b"over http"))
