@@ -44,7 +44,7 @@ import h11
 from ._exceptions import InternalError, NotFound, TransportError
 from ._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ._netio import SocketStream
-from ._observe import ABORTED, http_outcome
+from ._observe import ABORTED, http_outcome, op_name
 from ._protocol import ContentKey, JobBlob, name_error
 from .storage import BlobStorage, OpenBlob
 
@@ -375,7 +375,7 @@ class HttpConnection:
                 return
             self.busy = True
             request = HttpRequest.from_h11(event)
-            self.server.requests[f"HTTP {request.method}"] += 1
+            self.server.requests[op_name(request)] += 1
             if first and self.server._over_limit():
                 self.server.busy_refusals += 1
                 limit = self.settings.max_connections

@@ -195,7 +195,7 @@ def test_keep_alive_serves_several_requests_on_one_connection(face: Http) -> Non
             assert response.status == 200 and body == (bytes([i % 3]) * 100 if i % 2 else b"")
     finally:
         connection.close()
-    assert face.thread.server.requests["HTTP GET"] == 3 and face.thread.server.requests["HTTP HEAD"] == 3
+    assert face.thread.server.requests["HTTP_GET"] == 3 and face.thread.server.requests["HTTP_HEAD"] == 3
 
 
 @pytest.mark.parametrize(
