@@ -250,7 +250,9 @@ class BlobServer:
         report = self.recovery or RecoveryReport()
         status: dict[str, Any] = {
             "version": _version(),
-            "address": "{}:{}".format(*self.address) if self._listener is not None else None,
+            "address": _bound_to(self._listener),
+            "http_address": _bound_to(self._http_listener),
+            "metrics_address": "{}:{}".format(*self.metrics.address) if self.metrics and self.metrics.address else None,
             "started": self._started,
             "uptime_seconds": round(time.monotonic() - self._started_clock, 3),
             "role": "standalone",
@@ -275,6 +277,15 @@ class BlobServer:
         for source in self.status_sources:
             status.update(source())
         return status
+
+
+def _bound_to(listener: socket.socket | None) -> str | None:
+    """``host:port`` of a listener; None when there is none, or it is closed (shutting down)."""
+    try:
+        host, port, *_ = listener.getsockname() if listener is not None else (None, None)
+    except OSError:
+        return None
+    return None if host is None else f"{host}:{port}"
 
 
 @functools.cache

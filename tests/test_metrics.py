@@ -211,7 +211,11 @@ async def test_a_metrics_port_and_the_http_face_serve_the_same_metrics(metered: 
         assert server.http_address is not None
         async with AsyncBlobClient(server.address) as client:
             await client.put(b"one")
+            status = await client.status()
         on_port, on_face = await asyncio.gather(scrape_async(server), asyncio.to_thread(scrape, server.http_address))
+        assert server.metrics is not None and server.metrics.address is not None
+        assert status["http_address"] == address_text(server.http_address)
+        assert status["metrics_address"] == address_text(server.metrics.address)
     for samples in (on_port, on_face):
         assert value(samples, "blobsvc_requests_total", op="PUT", outcome="ok") == 1
 
