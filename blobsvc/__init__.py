@@ -24,12 +24,14 @@ from ._exceptions import (
     RemoteProtocolError,
     ServerError,
     Timeout,
+    TLSError,
     TooLarge,
     TransportError,
     UnsupportedVersion,
     WriteTimeout,
 )
 from ._ids import digest_of, new_job_id
+from ._tls import client_tls_context, server_tls_context
 from .cache import BlobCache
 from .client import AsyncBlobClient, BlobClient, BlobInfo
 from .config import Settings
@@ -63,11 +65,14 @@ __all__ = [
     "RemoteProtocolError",
     "ServerError",
     "Settings",
+    "TLSError",
     "Timeout",
     "TooLarge",
     "TransportError",
     "UnsupportedVersion",
     "WriteTimeout",
+    "client_tls_context",
     "digest_of",
     "new_job_id",
+    "server_tls_context",
 ]

@@ -6,6 +6,7 @@
     │   └── RemoteProtocolError       ... and it was the peer's
     ├── TransportError                the connection itself failed
     │   ├── ConnectError              could not connect (refused, unreachable, DNS)
+    │   │   └── TLSError              the TLS handshake failed (certificate, host name, version)
     │   ├── ConnectionClosed          the peer closed or reset mid-exchange
     │   └── Timeout
     │       ├── ConnectTimeout
@@ -56,6 +57,7 @@ __all__ = [
     "ReadTimeout",
     "RemoteProtocolError",
     "ServerError",
+    "TLSError",
     "Timeout",
     "TooLarge",
     "TransportError",
@@ -95,6 +97,11 @@ class TransportError(BlobError):
 
 class ConnectError(TransportError):
     """The server could not be reached."""
+
+
+class TLSError(ConnectError):
+    """The TLS handshake failed: an untrusted certificate, a host name it does not cover, no
+    common protocol version, or one side without TLS. A retry cannot cure it."""
 
 
 class ConnectionClosed(TransportError):

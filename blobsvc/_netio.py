@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import ssl
 from collections.abc import Iterator
 
 from ._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTimeout, WriteTimeout
@@ -53,6 +54,9 @@ class SocketStream:
         except OSError:
             return "?"
         return f"{host}:{port}"
+
+    async def handshake(self, timeout: float | None) -> None:
+        """Set up what the stream needs before data moves: nothing for plain TCP."""
 
     def is_alive(self) -> bool:
         """Whether an idle connection is still open: nothing to read and no EOF pending."""
@@ -128,8 +132,11 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def connect(host: str, port: int, timeout: float) -> SocketStream:
-    """Connect to ``host:port``, trying each address it resolves to."""
+async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None) -> SocketStream:
+    """Connect to ``host:port``, trying each address it resolves to; with ``tls``, the
+    handshake (checking the certificate against ``host``) is part of connecting."""
+    from ._tls import TlsStream  # it builds on this module
+
     loop = asyncio.get_running_loop()
     errors: list[str] = []
     try:
@@ -147,7 +154,15 @@ async def connect(host: str, port: int, timeout: float) -> SocketStream:
                 except BaseException:
                     sock.close()
                     raise
-                return SocketStream(sock)
+                if tls is None:
+                    return SocketStream(sock)
+                stream = TlsStream(sock, tls, server_side=False, server_hostname=host)
+                try:
+                    await stream.handshake(None)
+                except BaseException:
+                    stream.close()
+                    raise
+                return stream
     except TimeoutError:
         raise ConnectTimeout(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
     except OSError as exc:

@@ -23,6 +23,7 @@ import click
 from ._cache_cli import cache
 from ._cli_settings import load_settings, setting_option
 from ._exceptions import BlobError
+from ._tls import client_context_for
 from .client import AsyncBlobClient, BlobInfo, Progress
 from .config import Settings
 from .http import blob_url
@@ -36,9 +37,21 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _T = TypeVar("_T")
 
 
+CLIENT_SETTINGS = (
+    "server",
+    "timeout",
+    "connect_timeout",
+    "retries",
+    "secret_file",
+    "tls_ca",
+    "tls_client_cert",
+    "tls_client_key",
+)
+
+
 def client_options(command: _F) -> _F:
     """The options every command that talks to a server shares."""
-    for name in reversed(("server", "timeout", "connect_timeout", "retries", "secret_file")):
+    for name in reversed(CLIENT_SETTINGS):
         command = setting_option(name, *(["-s"] if name == "server" else []))(command)
     return command
 
@@ -69,6 +82,7 @@ def _client(settings: Settings) -> AsyncBlobClient:
         connect_timeout=settings.connect_timeout,
         timeout=settings.timeout,
         retries=settings.retries,
+        tls=client_context_for(settings),
     )
 
 
@@ -120,6 +134,10 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("shutdown_timeout")
 @setting_option("http_port")
 @setting_option("secret_file", type=click.Path(dir_okay=False, exists=True))
+@setting_option("tls_cert", type=click.Path(dir_okay=False, exists=True))
+@setting_option("tls_key", type=click.Path(dir_okay=False, exists=True))
+@setting_option("tls_client_ca", type=click.Path(dir_okay=False, exists=True))
+@setting_option("tls_min_version", type=click.Choice(["1.2", "1.3"]))
 @click.option("--verify-on-start/--no-verify-on-start", default=None, help=Settings.help("verify_on_start"))
 @click.option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning"]))
 @click.pass_context
@@ -182,8 +200,7 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
     @functools.wraps(func)
     @click.pass_context
     def command(ctx: click.Context, /, **args: Any) -> None:
-        setting_names = ("server", "timeout", "connect_timeout", "retries", "secret_file")
-        settings = load_settings(ctx, {name: args.pop(name) for name in setting_names})
+        settings = load_settings(ctx, {name: args.pop(name) for name in CLIENT_SETTINGS})
 
         async def go() -> None:
             async with _client(settings) as client:

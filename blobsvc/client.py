@@ -21,6 +21,7 @@ import hmac
 import io
 import os
 import random
+import ssl
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -41,6 +42,7 @@ from ._exceptions import (
     ReadTimeout,
     RemoteProtocolError,
     ServerError,
+    TLSError,
     TransportError,
     error_for_code,
 )
@@ -225,7 +227,9 @@ class AsyncBlobClient:
     for the server (a read that stalls, a reply that does not come); ``retries`` is how many
     more attempts a request gets after a connection failure, a timeout or BUSY, waiting
     ``backoff * 2**n`` seconds (with jitter) between them. Server answers such as NOT_FOUND
-    are never retried. Use as ``async with AsyncBlobClient(...) as client:``.
+    are never retried. ``tls`` (see :func:`blobsvc.client_tls_context`) makes every
+    connection TLS, checking the server's certificate against the host name in ``server``.
+    Use as ``async with AsyncBlobClient(...) as client:``.
     """
 
     def __init__(
@@ -237,8 +241,10 @@ class AsyncBlobClient:
         timeout: float = 60.0,
         retries: int = 3,
         backoff: float = 0.1,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port = _parse_address(server)
+        self.tls = tls
         self.secret = secret
         self.connect_timeout = connect_timeout
         self.timeout = timeout
@@ -424,8 +430,8 @@ class AsyncBlobClient:
                     self._release(channel)
                 return result
             except (TransportError, Busy) as exc:
-                if number + 1 == tries:
-                    raise type(exc)(f"{exc} (server {self.server}, {tries} attempt(s))") from exc
+                if number + 1 == tries or isinstance(exc, TLSError):
+                    raise type(exc)(f"{exc} (server {self.server}, {number + 1} attempt(s))") from exc
             delay = min(MAX_BACKOFF, self.backoff * 2**number) * random.uniform(0.5, 1.5)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
@@ -436,7 +442,7 @@ class AsyncBlobClient:
             if channel.stream.is_alive():
                 return channel
             channel.close()  # the server closed it while it sat idle (its idle timeout)
-        channel = _Channel(await connect(self.host, self.port, min(self.connect_timeout, timeout)))
+        channel = _Channel(await connect(self.host, self.port, min(self.connect_timeout, timeout), self.tls))
         try:
             await channel.send(Hello(), timeout)
             hello = await channel.reply(timeout)

@@ -101,6 +101,13 @@ def _optional_path(text: str | Path | None) -> Path | None:
     return Path(text).expanduser() if text else None
 
 
+def _parse_tls_version(text: str | float) -> str:
+    value = str(text).strip()
+    if value not in ("1.2", "1.3"):
+        raise ValueError(f"a TLS version is 1.2 or 1.3, not {text!r}")
+    return value
+
+
 def _default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "blobsvc"
@@ -152,11 +159,28 @@ class Settings:
         _parse_port,
         "Port of the read-only HTTP face (GET/HEAD of blobs; signed URLs when a secret is set); off when unset.",
     )
+    tls_cert: Path | None = _setting(
+        None, _optional_path, "PEM certificate chain the server presents; when set, the server speaks only TLS."
+    )
+    tls_key: Path | None = _setting(None, _optional_path, "PEM private key of tls_cert, if not in the same file.")
+    tls_client_ca: Path | None = _setting(
+        None, _optional_path, "CA bundle for client certificates; when set, clients must present one (mutual TLS)."
+    )
+    tls_min_version: str = _setting("1.3", _parse_tls_version, "Oldest TLS version the server accepts: 1.2 or 1.3.")
     # client
     server: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", str, "host:port of the server the client commands use.")
     connect_timeout: float = _setting(10.0, _parse_seconds, "Seconds to wait for a connection.")
     timeout: float = _setting(60.0, _parse_seconds, "Seconds a client waits for a byte before giving up.")
     retries: int = _setting(3, _parse_count, "Attempts after the first for a failed connection or read.")
+    tls_ca: Path | None = _setting(
+        None,
+        _optional_path,
+        "CA bundle that the server's certificate and host name must match; when set, clients use TLS.",
+    )
+    tls_client_cert: Path | None = _setting(
+        None, _optional_path, "PEM certificate (with its key, or see tls_client_key) a client presents for mutual TLS."
+    )
+    tls_client_key: Path | None = _setting(None, _optional_path, "PEM private key of tls_client_cert, if not in it.")
     # executor cache
     cache_dir: Path = _setting(
         _default_cache_dir,

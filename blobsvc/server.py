@@ -68,6 +68,7 @@ from ._protocol import (
     StatOk,
     StatRequest,
 )
+from ._tls import TlsStream, server_context_for
 from .config import Settings
 from .http import HttpConnection, HttpFace
 from .storage import BlobStorage, RecoveryReport, StagedUpload
@@ -94,6 +95,7 @@ class BlobServer:
         self.settings = settings or Settings()
         self.storage = storage or BlobStorage(self.settings.data_dir, verify_on_start=self.settings.verify_on_start)
         self._secret = self.settings.secret()
+        self._tls = server_context_for(self.settings)
         self._listener: socket.socket | None = None
         self._http_listener: socket.socket | None = None
         self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
@@ -131,10 +133,10 @@ class BlobServer:
             self._accepting.append(asyncio.create_task(self._accept_loop(self._http_listener, self._http_connection)))
 
     def _binary_connection(self, sock: socket.socket) -> _Connection:
-        return _Connection(self, SocketStream(sock))
+        return _Connection(self, self.stream_for(sock))
 
     def _http_connection(self, sock: socket.socket) -> HttpConnection:
-        return HttpConnection(self, SocketStream(sock))
+        return HttpConnection(self, self.stream_for(sock))
 
     async def serve_forever(self) -> None:
         assert self._accepting, "start() first"
@@ -190,6 +192,13 @@ class BlobServer:
             task = asyncio.create_task(connection.run())
             self._connections[task] = connection
             task.add_done_callback(self._connection_ended)
+
+    def stream_for(self, sock: socket.socket) -> SocketStream:
+        """An accepted socket as a stream: TLS when the server has a certificate (its
+        handshake runs within the first read's timeout, on the connection's own task)."""
+        if self._tls is None:
+            return SocketStream(sock)
+        return TlsStream(sock, self._tls, server_side=True)
 
     def _connection_ended(self, task: asyncio.Task[None]) -> None:
         # Also for a task cancelled before it ran a step (at shutdown), whose own

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 import threading
 import time
 import uuid
@@ -72,6 +73,7 @@ class BlobCache:
         connect_timeout: float = 10.0,
         secret: bytes | None = None,
         verify_on_start: bool = True,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if max_bytes <= 0 or cleanup_interval < 0:
             raise ValueError("max_bytes must be positive and cleanup_interval not negative")
@@ -82,7 +84,13 @@ class BlobCache:
         # as the client waits for a byte, since that is the time either side would stall anyway.
         self._room_wait = timeout
         self._client = BlobClient(
-            server, retries=retries, backoff=backoff, timeout=timeout, connect_timeout=connect_timeout, secret=secret
+            server,
+            retries=retries,
+            backoff=backoff,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            secret=secret,
+            tls=tls,
         )
         self._lock = threading.Lock()
         self._leases: dict[str, list[str]] = {}
