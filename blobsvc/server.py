@@ -3,9 +3,15 @@
 One task per connection runs the loop *read a frame, act, answer*. What keeps a bad client
 from hurting others:
 
-* at most ``max_connections`` connections; the next one is answered BUSY and closed;
+* at most ``max_connections`` connections. A newcomer at the limit first makes room by
+  closing the connection that has waited longest for its client (idle between requests, or
+  still sending its preamble or a request header); only when every slot holds a request
+  under way is it answered BUSY and closed;
 * ``idle_timeout`` between requests and ``io_timeout`` for any stall inside one, so a silent
-  or stalled peer cannot pin a connection;
+  or stalled peer cannot pin a connection; a whole request header (and the preamble, with
+  the TLS handshake) must arrive within ``io_timeout`` (the header deadline), and a body
+  must move at least ``MIN_BODY_RATE`` bytes per second on average, so a client trickling
+  a byte at a time cannot pin one either;
 * a PUT longer than ``max_blob_size`` is refused before a byte of its body is read;
 * a rejected or broken upload removes its staging file (``StagedUpload`` is a context
   manager), and storage takes its per-key locks only to link and unlink, never while bytes
@@ -40,10 +46,12 @@ from ._exceptions import (
     BadOffset,
     Busy,
     InternalError,
+    ReadTimeout,
     RemoteProtocolError,
     ServerError,
     TooLarge,
     TransportError,
+    WriteTimeout,
 )
 from ._netio import SocketStream
 from ._protocol import (
@@ -82,6 +90,11 @@ RECV_SIZE = 1 << 20
 INLINE_WRITE_LIMIT = 256 << 10
 # Smaller GET bodies go out with their header in one send; sendfile pays off above this.
 INLINE_READ_LIMIT = 64 << 10
+# A body of N bytes gets io_timeout + N / MIN_BODY_RATE seconds (Apache's mod_reqtimeout
+# has the same shape, with MinRate=500). 4 KiB/s is a 32 kbit/s line: any client of a
+# cluster's blob server moves bytes thousands of times faster, and a trickler holding a slot
+# for an 8 GiB body would need weeks of steady sending to do it.
+MIN_BODY_RATE = 4 << 10
 
 
 class BlobServer:
@@ -208,6 +221,23 @@ class BlobServer:
     def _over_limit(self) -> bool:
         return self._live > self.settings.max_connections
 
+    def _make_room(self, newcomer: _Connection) -> bool:
+        """Close the connection that has waited longest for its client, if one is waiting
+        (idle, or sending a preamble or header); a request under way is never cut short."""
+        waiting = [
+            (connection.waiting_since, task)
+            for task, connection in self._connections.items()
+            if connection is not newcomer and connection.waiting and connection._counted
+        ]
+        if not waiting:
+            return False
+        _, task = min(waiting, key=lambda pair: pair[0])
+        victim = self._connections[task]
+        log.info("%s: closed to make room for %s", victim.stream.peer, newcomer.stream.peer)
+        victim._stop_counting()
+        task.cancel()
+        return True
+
 
 _T = TypeVar("_T")
 
@@ -263,6 +293,12 @@ class _Connection:
         self.stream = stream
         self.parser = ServerConnection()
         self.busy = False  # a request is in hand: shutdown lets it finish
+        self._loop = asyncio.get_running_loop()
+        # Since when the connection waits for its client (idle, or in a header); the oldest
+        # such connection makes room for a newcomer at the limit.
+        self.waiting_since = self._loop.time()
+        # When the preamble or request header being received must be complete by.
+        self._header_deadline: float | None = self.waiting_since + self.settings.io_timeout
         self._counted = True
         server._live += 1
 
@@ -303,7 +339,7 @@ class _Connection:
 
     async def _serve(self) -> None:
         await self._next_event(self.settings.io_timeout)  # the preamble
-        if self.server._over_limit():
+        if self.server._over_limit() and not self.server._make_room(self):
             raise Busy(f"the server is at its limit of {self.settings.max_connections} connections")
         nonce = secrets.token_bytes(32) if self.server._secret is not None else None
         await self._send(ServerHello(nonce=nonce))
@@ -326,6 +362,12 @@ class _Connection:
                     raise
                 await self._send(ErrorFrame(exc.code, str(exc)))
             self.busy = False
+            self.waiting_since = self._loop.time()
+
+    @property
+    def waiting(self) -> bool:
+        """Waiting for the client between requests or in a header, with nothing under way."""
+        return not self.busy and not self.parser.body_remaining
 
     def _check_auth(self, request: AuthRequest, nonce: bytes) -> None:
         assert self.server._secret is not None
@@ -359,7 +401,11 @@ class _Connection:
         if request.length > limit:
             raise TooLarge(f"{request.length} bytes is over this server's limit of {limit}")
         with self.storage.stage() as upload:
-            digest = await self._receive_body(upload)
+            try:
+                async with asyncio.timeout(self._body_time(request.length)):
+                    digest = await self._receive_body(upload)
+            except TimeoutError:
+                raise ReadTimeout(f"a {request.length}-byte body came slower than {MIN_BODY_RATE} bytes/s") from None
             # Publication fsyncs, which can take milliseconds even for a tiny file: never on the loop.
             key = await _finish(asyncio.to_thread(self.storage.publish, upload, request.target, digest))
         await self._send(PutOk(key))
@@ -400,24 +446,41 @@ class _Connection:
                 raise BadOffset(f"offset {request.offset} is past the end of a {blob.size}-byte blob")
             header = self.parser.send(GetOk(blob.size, blob.digest))
             count = blob.size - request.offset
-            if count <= INLINE_READ_LIMIT:
-                await self.stream.send_all(header + os.pread(blob.fd, count, request.offset), self.settings.io_timeout)
-            else:
-                await self.stream.send_all(header, self.settings.io_timeout)
-                await self.stream.sendfile(blob.fd, request.offset, count, self.settings.io_timeout)
+            try:
+                async with asyncio.timeout(self._body_time(count)):
+                    if count <= INLINE_READ_LIMIT:
+                        data = os.pread(blob.fd, count, request.offset)
+                        await self.stream.send_all(header + data, self.settings.io_timeout)
+                    else:
+                        await self.stream.send_all(header, self.settings.io_timeout)
+                        await self.stream.sendfile(blob.fd, request.offset, count, self.settings.io_timeout)
+            except TimeoutError:
+                raise WriteTimeout(f"a {count}-byte body was taken slower than {MIN_BODY_RATE} bytes/s") from None
+
+    def _body_time(self, size: int) -> float:
+        return self.settings.io_timeout + size / MIN_BODY_RATE
 
     async def _next_event(self, timeout: float) -> ServerEvent | Signal:
-        """The next frame, reading as needed; ``timeout`` bounds each wait for bytes."""
+        """The next frame, reading as needed; ``timeout`` bounds each wait for bytes, and a
+        preamble or request header must be whole within ``io_timeout`` of its first byte."""
         while True:
             event = self.parser.next_event()
             if event is not NEED_DATA:
+                self._header_deadline = None
                 return event
             if not self.parser.between_requests:
                 # Part of a frame came with earlier bytes (the preamble, a pipelined request):
                 # the client is mid-request, not idle.
                 timeout = self.settings.io_timeout
+                if self._header_deadline is None and not self.parser.body_remaining:
+                    self._header_deadline = self._loop.time() + timeout
             want = self.parser.body_remaining or RECV_SIZE
-            self.parser.receive_data(await self.stream.recv(min(want, RECV_SIZE), timeout))
+            try:
+                async with asyncio.timeout_at(self._header_deadline):
+                    data = await self.stream.recv(min(want, RECV_SIZE), timeout)
+            except TimeoutError:
+                raise ReadTimeout(f"a request header took longer than {self.settings.io_timeout:g}s") from None
+            self.parser.receive_data(data)
             timeout = self.settings.io_timeout  # a frame has begun: no more idling
 
     async def _send(self, frame: Any) -> None:
