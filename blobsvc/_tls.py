@@ -44,7 +44,7 @@ __all__ = [
 
 TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 # A TLS record carries at most 16 KiB; reading a few at once saves loop round trips.
-RECORD_READ = 256 << 10
+RECORD_READ = 1 << 20
 # Plaintext handed to the TLS layer at once: large enough to amortise the send, small
 # enough that the ciphertext buffer stays bounded.
 WRITE_CHUNK = 256 << 10
@@ -155,13 +155,27 @@ class TlsStream(SocketStream):
             return await SocketStream.recv(self, max_bytes, timeout)
         await self.handshake(timeout)
         try:
-            return await self._drive(lambda: self._tls.read(max_bytes), timeout)
+            first = await self._drive(lambda: self._tls.read(max_bytes), timeout)
         except _Closed:
             return b""  # lengths and digests catch a truncation; no need to tell the two EOFs apart
         except TLSError as exc:
             # In TLS 1.3 a server refuses a client certificate after the client's handshake
             # is done: the alert arrives here.
             raise TLSError(f"the TLS connection failed: {exc}") from None
+        # One read gives one record (16 KiB at most): take every record already here too, so
+        # that callers see large chunks as they do from a plain socket.
+        pieces = [first]
+        size = len(first)
+        while size < max_bytes and self._incoming.pending:
+            try:
+                piece = self._tls.read(max_bytes - size)
+            except ssl.SSLError:
+                break  # an incomplete record, or the end: the next call deals with it
+            if not piece:
+                break
+            pieces.append(piece)
+            size += len(piece)
+        return first if len(pieces) == 1 else b"".join(pieces)
 
     async def send_all(self, data: bytes | bytearray | memoryview, timeout: float | None) -> None:
         if self._plain:

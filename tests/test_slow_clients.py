@@ -29,8 +29,8 @@ from .test_server_faults import (
     digest,
     put_header,
     raw_connection,
-    stat_request,
     start_server,
+    stat_request,
 )
 
 __all__ = ["start_server"]  # the fixture, imported for pytest

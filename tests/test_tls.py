@@ -105,10 +105,12 @@ async def test_the_host_name_must_be_in_the_certificate(settings: Settings, tmp_
     ca = trustme.CA()
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     ca.issue_cert("blobs.example.org").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "s.pem"))
-    async with BlobServer(replace(settings, tls_cert=tmp_path / "s.pem")) as server:
-        async with _client(server.address, client_tls_context(tmp_path / "ca.pem")) as client:
-            with pytest.raises(TLSError, match="mismatch"):
-                await client.stat(digest_of(b"x"))
+    async with (
+        BlobServer(replace(settings, tls_cert=tmp_path / "s.pem")) as server,
+        _client(server.address, client_tls_context(tmp_path / "ca.pem")) as client,
+    ):
+        with pytest.raises(TLSError, match="mismatch"):
+            await client.stat(digest_of(b"x"))
 
 
 async def test_mutual_tls_admits_a_client_certificate_from_its_ca_only(tls_settings: Settings, pki: Pki) -> None:
@@ -133,7 +135,10 @@ async def test_the_minimum_version_refuses_older_clients(tls_settings: Settings,
     async with BlobServer(tls_settings) as server, _client(server.address, old) as client:
         with pytest.raises(TLSError, match="version"):
             await client.stat(digest_of(b"x"))
-    async with BlobServer(replace(tls_settings, tls_min_version="1.2")) as server, _client(server.address, old) as client:
+    async with (
+        BlobServer(replace(tls_settings, tls_min_version="1.2")) as server,
+        _client(server.address, old) as client,
+    ):
         assert await client.get(await client.put(b"tls 1.2")) == b"tls 1.2"
 
 
@@ -198,4 +203,3 @@ def test_serve_with_a_file_that_is_not_a_certificate_is_a_one_line_error(tmp_pat
     assert result.exit_code == 2
     assert f"cannot load TLS certificate {bogus}" in result.output
     assert "Traceback" not in result.output
-
