@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ._cli_settings import load_settings, setting_option
+from ._cli_settings import config_option, load_settings, setting_option
 from .cache import CacheStore
 from .config import ENV_PREFIX
 
@@ -27,7 +27,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _dir_option(command: _F) -> _F:
-    return setting_option("cache_dir", "--dir", type=click.Path(file_okay=False))(command)
+    return config_option(setting_option("cache_dir", "--dir", type=click.Path(file_okay=False))(command))
 
 
 def _json_option(command: _F) -> _F:

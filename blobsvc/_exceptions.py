@@ -3,6 +3,7 @@
     BlobError
     ├── ProtocolError                 a frame broke the wire contract
     │   ├── LocalProtocolError        ... and it was ours (a bug or a bad argument)
+    │   │   └── InvalidArgument       a malformed key, job id, name or address (also a ValueError)
     │   └── RemoteProtocolError       ... and it was the peer's
     ├── TransportError                the connection itself failed
     │   ├── ConnectError              could not connect (refused, unreachable, DNS)
@@ -12,6 +13,7 @@
     │       ├── ConnectTimeout
     │       ├── ReadTimeout
     │       └── WriteTimeout
+    ├── ClientClosed                  a client used after close() (also a RuntimeError)
     └── ServerError                   the server answered with an error frame
         ├── BadRequest                  1
         ├── NotFound                    2
@@ -44,12 +46,14 @@ __all__ = [
     "BadRequest",
     "BlobError",
     "Busy",
+    "ClientClosed",
     "ConnectError",
     "ConnectTimeout",
     "ConnectionClosed",
     "DigestMismatch",
     "InsufficientStorage",
     "InternalError",
+    "InvalidArgument",
     "LocalProtocolError",
     "NotFound",
     "NotLeader",
@@ -77,6 +81,15 @@ class ProtocolError(BlobError):
 
 class LocalProtocolError(ProtocolError):
     """We were about to send a frame that breaks the contract: a bug or a bad argument."""
+
+
+class InvalidArgument(LocalProtocolError, ValueError):
+    """An argument blobsvc cannot use: a malformed key, job id, blob name or server address,
+    or arguments that do not go together. A ``ValueError`` too, as Python code expects."""
+
+
+class ClientClosed(BlobError, RuntimeError):
+    """A client was used after it was closed."""
 
 
 class RemoteProtocolError(ProtocolError):

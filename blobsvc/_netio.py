@@ -149,7 +149,8 @@ async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | No
                     await loop.sock_connect(sock, address)
                 except OSError as exc:
                     sock.close()
-                    errors.append(f"{address[0]}: {exc.strerror or exc}")
+                    # uvloop's strerror repeats the address; the errno says it plainly.
+                    errors.append(f"{address[0]}: {os.strerror(exc.errno) if exc.errno else exc}")
                     continue
                 except BaseException:
                     sock.close()
@@ -167,4 +168,6 @@ async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | No
         raise ConnectTimeout(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
     except OSError as exc:
         raise ConnectError(f"cannot resolve {host}: {exc.strerror or exc}") from None
+    if len(errors) == 1:  # the address is in the message already
+        errors = [errors[0].partition(": ")[2]]
     raise ConnectError(f"cannot connect to {host}:{port}: {'; '.join(errors) or 'no address'}")

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import click
 
 from ._cache_cli import cache
-from ._cli_settings import load_settings, setting_option
-from ._exceptions import BlobError
+from ._cli_settings import CONFIG_HELP, config_option, load_settings, setting_option
+from ._exceptions import BlobError, InvalidArgument
 from ._tls import client_context_for
 from .client import AsyncBlobClient, BlobInfo, Progress
 from .config import Settings
@@ -52,19 +52,27 @@ CLIENT_SETTINGS = (
 def client_options(command: _F) -> _F:
     """The options every command that talks to a server shares."""
     for name in reversed(CLIENT_SETTINGS):
-        command = setting_option(name, *(["-s"] if name == "server" else []))(command)
-    return command
+        file_type = click.Path(dir_okay=False, exists=True) if name == "secret_file" or "tls" in name else None
+        extra = {"type": file_type} if file_type else {}
+        command = setting_option(name, *(["-s"] if name == "server" else []), **extra)(command)
+    return config_option(command)
 
 
 def _run(coroutine: Coroutine[Any, Any, _T]) -> _T:
-    """Run a coroutine on uvloop when it is installed; blobsvc errors exit 1 with one line."""
+    """Run a coroutine on uvloop when it is installed; errors end in one line: exit 2 for a
+    bad argument, 1 for anything else."""
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(coroutine)
+    except InvalidArgument as exc:  # a malformed key, job id or name
+        raise click.UsageError(str(exc)) from None
     except BlobError as exc:
         raise click.ClickException(str(exc)) from None
-    except ValueError as exc:  # a malformed key or job id
+    except ValueError as exc:  # a setting that cannot be used (a secret file that is empty)
         raise click.UsageError(str(exc)) from None
+    except OSError as exc:  # a local file: unreadable, unwritable, a full disk
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise click.ClickException(f"{where}{exc.strerror or exc}") from None
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -110,7 +118,7 @@ def _blob_args(key: str | None, job: str | None, name: str | None, *, whole_job:
     "--config",
     type=click.Path(dir_okay=False, exists=True),
     envvar="BLOBSVC_CONFIG",
-    help="TOML file of settings (below command-line options and BLOBSVC_* variables).",
+    help=CONFIG_HELP,
 )
 @click.version_option(package_name="blobsvc")
 @click.pass_context
@@ -124,6 +132,7 @@ def main(ctx: click.Context, config: str | None) -> None:
 
 
 @main.command()
+@config_option
 @setting_option("host")
 @setting_option("port")
 @setting_option("data_dir", type=click.Path(file_okay=False))
@@ -237,6 +246,7 @@ async def put(client: AsyncBlobClient, file: str, job: str | None, name: str | N
     "-o",
     type=click.Path(dir_okay=False, allow_dash=True),
     default="-",
+    callback=lambda ctx, param, value: _writable_destination(ctx, param, value),
     help="Where to write the blob ('-' is stdout).",
 )
 @client_options
@@ -288,6 +298,14 @@ async def stat(client: AsyncBlobClient, key: str | None, job: str | None, name: 
 async def ls(client: AsyncBlobClient, job: str, as_json: bool) -> None:
     """List the blobs of a job: key, size and name, one per line, sorted by name."""
     _print_infos(sorted(await client.list(job), key=lambda info: info.name or ""), as_json)
+
+
+def _writable_destination(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Refuse a destination in a directory that does not exist before anything is fetched."""
+    parent = Path(value).parent
+    if value != "-" and not parent.is_dir():
+        raise click.BadParameter(f"directory {str(parent)!r} does not exist", ctx, param)
+    return value
 
 
 def _print_infos(infos: list[BlobInfo], as_json: bool) -> None:

@@ -36,8 +36,10 @@ from ._exceptions import (
     AuthRequired,
     BadOffset,
     Busy,
+    ClientClosed,
     ConnectionClosed,
     DigestMismatch,
+    InvalidArgument,
     LocalProtocolError,
     ReadTimeout,
     RemoteProtocolError,
@@ -75,7 +77,7 @@ from ._protocol import (
     StatRequest,
     WholeJob,
 )
-from .config import DEFAULT_PORT
+from .config import DEFAULT_PORT, parse_address
 
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
 
@@ -111,16 +113,11 @@ def _target(key: KeyLike | None, job: JobLike | None, name: str | None) -> Conte
         return ContentKey(key_bytes(key))
     if key is None and job is not None and name is not None:
         return JobBlob(job_bytes(job), name)
-    raise ValueError("name a blob by its key, or by job and name")
+    raise InvalidArgument("name a blob by its key, or by job and name")
 
 
 def _parse_address(server: str | tuple[str, int]) -> tuple[str, int]:
-    if isinstance(server, tuple):
-        return server
-    host, sep, port = server.rpartition(":")
-    if not sep:
-        return server, DEFAULT_PORT
-    return host.strip("[]"), int(port)
+    return server if isinstance(server, tuple) else parse_address(server)
 
 
 class _Channel:
@@ -285,7 +282,7 @@ class AsyncBlobClient:
         under that name, replacing an earlier blob of the name atomically.
         """
         if (job is None) != (name is None):
-            raise ValueError("a job-scoped blob needs both job and name")
+            raise InvalidArgument("a job-scoped blob needs both job and name")
         target = JobBlob(job_bytes(job), name) if job is not None and name is not None else None
         opener = _SourceOpener(source)
         timeout = self.timeout if timeout is None else timeout
@@ -419,7 +416,7 @@ class AsyncBlobClient:
         """Run ``attempt`` on a pooled connection, again after failures a retry can cure;
         ``timeout`` bounds each wait of the connection's set-up too."""
         if self._state is _State.CLOSED:
-            raise RuntimeError("this client is closed")
+            raise ClientClosed("this client is closed")
         tries = 1 + (self.retries if retry else 0)
         for number in range(tries):
             try:
@@ -431,7 +428,9 @@ class AsyncBlobClient:
                 return result
             except (TransportError, Busy) as exc:
                 if number + 1 == tries or isinstance(exc, TLSError):
-                    raise type(exc)(f"{exc} (server {self.server}, {number + 1} attempt(s))") from exc
+                    where = "" if self.server in str(exc) else f"server {self.server}, "
+                    attempts = f"{number + 1} attempt{'s' if number else ''}"
+                    raise type(exc)(f"{exc} ({where}{attempts})") from exc
             delay = min(MAX_BACKOFF, self.backoff * 2**number) * random.uniform(0.5, 1.5)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
@@ -671,7 +670,7 @@ class BlobClient:
 
     def _run(self, make: Callable[[AsyncBlobClient], Coroutine[Any, Any, _T]]) -> _T:
         if self._state is _State.CLOSED:
-            raise RuntimeError("this client is closed")
+            raise ClientClosed("this client is closed")
         with self._lock:
             if self._pid != os.getpid():
                 self._start_loop()
