@@ -227,7 +227,11 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
 @client_options
 @_client_command
 async def put(client: AsyncBlobClient, file: str, job: str | None, name: str | None) -> None:
-    """Upload FILE ('-' for stdin) and print its key."""
+    """Upload FILE ('-' for stdin) and print its key.
+
+    Stdin is first copied to a temporary file in $TMPDIR, which needs room for it: a PUT
+    sends the blob's length before its bytes, and a failed upload can then be retried.
+    """
     if (job is None) != (name is None):
         raise click.UsageError("--job and --name go together")
     source: Any = sys.stdin.buffer if file == "-" else Path(file)
@@ -252,11 +256,17 @@ async def put(client: AsyncBlobClient, file: str, job: str | None, name: str | N
 @client_options
 @_client_command
 async def get(client: AsyncBlobClient, key: str | None, job: str | None, name: str | None, output: str) -> None:
-    """Download a blob, by KEY or by --job and --name, verifying its digest."""
+    """Download a blob, by KEY or by --job and --name, verifying its digest.
+
+    With -o FILE the file appears only once complete and verified. To stdout the bytes are
+    written as they arrive (memory stays small however large the blob) and checked at the
+    end: a non-zero exit status means the output is incomplete or wrong; discard it.
+    """
     which = _blob_args(key, job, name)
     if output == "-":
-        sys.stdout.buffer.write(await client.get(**which))
         sys.stdout.flush()
+        await client.get_into(sys.stdout.buffer, **which)
+        sys.stdout.buffer.flush()
         return
     size = (await client.stat(**which)).size if sys.stderr.isatty() else 0
     with _progress(size, "downloading") as progress:

@@ -21,6 +21,7 @@ import hmac
 import io
 import os
 import random
+import shutil
 import ssl
 import tempfile
 import threading
@@ -217,6 +218,32 @@ class _FileSink:
         self.size = 0
 
 
+class _ThreadWriter:
+    """A blocking binary stream written from a worker thread, so that a slow reader of a
+    pipe stalls this download, not the event loop."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        await asyncio.to_thread(self.stream.write, data)
+
+
+class _StreamSink(_FileSink):
+    """Writes to a stream that cannot be rewound (stdout): a resumed read continues it, but
+    a download that would have to start over fails instead."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        super().__init__(_ThreadWriter(stream))
+
+    async def reset(self) -> None:
+        await self.drain()
+        raise DigestMismatch(
+            f"the {self.size} bytes written so far are not of the blob now stored (it changed or arrived "
+            "damaged), and a stream cannot start over: discard them"
+        )
+
+
 class AsyncBlobClient:
     """An asyncio client of one blob server.
 
@@ -291,7 +318,10 @@ class AsyncBlobClient:
             async with opener() as (length, chunks):
                 return await self._put_on(channel, PutRequest(length, target), chunks, timeout, progress)
 
-        return await self._with_retries(attempt, timeout, retry=opener.rewindable)
+        try:
+            return await self._with_retries(attempt, timeout)
+        finally:
+            opener.close()
 
     async def get(
         self,
@@ -333,6 +363,26 @@ class AsyncBlobClient:
                 os.unlink(temp)
             raise
         return info
+
+    async def get_into(
+        self,
+        stream: IO[bytes],
+        key: KeyLike | None = None,
+        *,
+        job: JobLike | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> BlobInfo:
+        """Write a blob to a binary ``stream`` (stdout, a pipe) as it arrives, holding no
+        more than a chunk in memory.
+
+        The bytes are checked as they pass and the whole against the blob's digest at the
+        end: a :class:`DigestMismatch` (or any error) means that what was written must be
+        discarded. A broken read resumes where the stream stopped.
+        """
+        sink = _StreamSink(stream)
+        return await self._fetch(_target(key, job, name), sink, timeout, progress)
 
     async def resume_file(
         self,
@@ -410,14 +460,12 @@ class AsyncBlobClient:
 
         return await self._with_retries(attempt, timeout)
 
-    async def _with_retries(
-        self, attempt: Callable[[_Channel], Awaitable[_T]], timeout: float, *, retry: bool = True
-    ) -> _T:
+    async def _with_retries(self, attempt: Callable[[_Channel], Awaitable[_T]], timeout: float) -> _T:
         """Run ``attempt`` on a pooled connection, again after failures a retry can cure;
         ``timeout`` bounds each wait of the connection's set-up too."""
         if self._state is _State.CLOSED:
             raise ClientClosed("this client is closed")
-        tries = 1 + (self.retries if retry else 0)
+        tries = 1 + self.retries
         for number in range(tries):
             try:
                 channel = await self._acquire(timeout)
@@ -580,21 +628,27 @@ class _SourceOpener:
         self.stream: IO[bytes] | None = None
         if not isinstance(source, bytes | bytearray | memoryview | str | os.PathLike):
             self.stream = source
-        # A stream that cannot seek is read once into memory, so retries are not possible.
-        self.rewindable = self.stream is None or _seekable(self.stream)
-        self._start = self.stream.tell() if self.stream is not None and self.rewindable else 0
+        # A stream that cannot seek (a pipe) is spooled to a temporary file at the first
+        # attempt: the PUT header needs the length first, and retries can then start over.
+        self._unseekable = self.stream is not None and not _seekable(self.stream)
+        self._start = self.stream.tell() if self.stream is not None and not self._unseekable else 0
+        self._spool: IO[bytes] | None = None
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
 
     @contextlib.asynccontextmanager
     async def __call__(self) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+        if self._unseekable:
+            assert self.stream is not None
+            self.stream = self._spool = await asyncio.to_thread(_spool, self.stream)
+            self._unseekable = False
         source, stream = self.source, self.stream
         if stream is not None:
-            if self.rewindable:
-                length = stream.seek(0, io.SEEK_END) - self._start
-                stream.seek(self._start)
-                yield length, _read_chunks(lambda n: asyncio.to_thread(stream.read, n), length)
-            else:
-                data = await asyncio.to_thread(stream.read)  # the header needs the length first
-                yield len(data), _chunks_of(memoryview(data))
+            length = stream.seek(0, io.SEEK_END) - self._start
+            stream.seek(self._start)
+            yield length, _read_chunks(lambda n: asyncio.to_thread(stream.read, n), length)
         elif isinstance(source, str | os.PathLike):
             async with aiofiles.open(source, "rb") as file:
                 length = os.fstat(file.fileno()).st_size
@@ -603,6 +657,18 @@ class _SourceOpener:
             assert isinstance(source, bytes | bytearray | memoryview)
             view = memoryview(source).cast("B")
             yield len(view), _chunks_of(view)
+
+
+def _spool(stream: IO[bytes]) -> IO[bytes]:
+    """A copy of what ``stream`` still holds, in an anonymous temporary file (in $TMPDIR)
+    that vanishes when it is closed or the process ends."""
+    spool = tempfile.TemporaryFile()  # noqa: SIM115 (the caller closes it)
+    try:
+        shutil.copyfileobj(stream, spool, CHUNK)
+    except BaseException:
+        spool.close()
+        raise
+    return spool
 
 
 def _seekable(stream: Any) -> bool:
@@ -697,6 +763,7 @@ class BlobClient:
     put = _blocking(AsyncBlobClient.put)
     get = _blocking(AsyncBlobClient.get)
     get_file = _blocking(AsyncBlobClient.get_file)
+    get_into = _blocking(AsyncBlobClient.get_into)
     resume_file = _blocking(AsyncBlobClient.resume_file)
     stat = _blocking(AsyncBlobClient.stat)
     delete = _blocking(AsyncBlobClient.delete)
