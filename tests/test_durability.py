@@ -84,7 +84,10 @@ def test_a_content_blob_is_fsynced_before_its_rename_and_its_directories_after(
     storage: BlobStorage, calls: CallLog
 ) -> None:
     key = publish(storage, b"durable bytes").hex()
-    staged = lambda paths: paths[0].startswith("incoming/")  # noqa: E731
+
+    def staged(paths: tuple[str, ...]) -> bool:
+        return paths[0].startswith("incoming/")
+
     written = calls.index("write", staged)
     synced = calls.index("fsync", staged)
     renamed = calls.index("rename", lambda paths: staged(paths) and paths[1] == f"objects/{key}")
