@@ -41,7 +41,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import h11
 
-from ._exceptions import InternalError, NotFound, TransportError
+from ._exceptions import InternalError, NotFound, RemoteProtocolError, TransportError
 from ._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ._netio import SocketStream
 from ._protocol import ContentKey, JobBlob, name_error
@@ -58,6 +58,11 @@ log = logging.getLogger("blobsvc.http")
 # bytes; 16 KiB is h11's own default and above nginx's usual 8 KiB.
 MAX_HEADER_BYTES = 16 << 10
 RECV_SIZE = 64 << 10
+_PLAIN_AT_TLS_TEXT = b"this server requires TLS: use https://\n"
+_PLAIN_AT_TLS = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_PLAIN_AT_TLS_TEXT), _PLAIN_AT_TLS_TEXT)
+)
 # Bodies up to this size go out with their headers in one send; sendfile pays off above it.
 INLINE_BODY_LIMIT = 64 << 10
 # Prefixes the string a URL signature covers, so it can never be mistaken for another MAC
@@ -335,14 +340,27 @@ class HttpConnection:
         self.stream = stream
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         self.busy = False  # a request is in hand: shutdown lets it finish
+        self._loop = asyncio.get_running_loop()
+        # Since when it waits for its client; at the limit the longest-waiting connection,
+        # binary or HTTP, makes room for a newcomer (BlobServer._make_room).
+        self.waiting_since = self._loop.time()
         self._counted = True
         server._live += 1  # HTTP and binary connections share max_connections
+
+    @property
+    def waiting(self) -> bool:
+        return not self.busy
 
     async def run(self) -> None:
         try:
             await self._serve()
         except TransportError as exc:
             log.info("%s: %s", self.stream.peer, exc)
+        except RemoteProtocolError as exc:  # plain HTTP at a TLS port: h11 has not begun
+            log.info("%s: %s", self.stream.peer, exc)
+            with contextlib.suppress(TransportError):
+                await self.stream.send_all(_PLAIN_AT_TLS, self.settings.io_timeout)
+                await self.stream.linger_close()
         except asyncio.CancelledError:
             pass
         except Exception:
@@ -354,10 +372,13 @@ class HttpConnection:
 
     def end(self) -> None:
         """Close the socket and give up the slot; safe to call more than once."""
+        self._stop_counting()
+        self.stream.close()
+
+    def _stop_counting(self) -> None:
         if self._counted:
             self._counted = False
             self.server._live -= 1
-        self.stream.close()
 
     async def _serve(self) -> None:
         first = True
@@ -375,7 +396,7 @@ class HttpConnection:
             self.busy = True
             request = HttpRequest.from_h11(event)
             self.server.requests[f"HTTP {request.method}"] += 1
-            if first and self.server._over_limit():
+            if first and self.server._over_limit() and not self.server._make_room(self):
                 limit = self.settings.max_connections
                 await self._refuse(text_response(503, f"the server is at its limit of {limit} connections"))
                 return
@@ -389,6 +410,7 @@ class HttpConnection:
                 return
             await self._send_response(response, head=request.method == "HEAD", close=close)
             self.busy = False
+            self.waiting_since = self._loop.time()
             if close or self.server._closing or self.h11.our_state is not h11.DONE:
                 return
             self.h11.start_next_cycle()

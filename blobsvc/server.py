@@ -221,7 +221,7 @@ class BlobServer:
     def _over_limit(self) -> bool:
         return self._live > self.settings.max_connections
 
-    def _make_room(self, newcomer: _Connection) -> bool:
+    def _make_room(self, newcomer: _Connection | HttpConnection) -> bool:
         """Close the connection that has waited longest for its client, if one is waiting
         (idle, or sending a preamble or header); a request under way is never cut short."""
         waiting = [

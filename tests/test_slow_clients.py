@@ -16,7 +16,7 @@ import time
 import pytest
 
 import blobsvc.server
-from blobsvc import AsyncBlobClient, BlobError
+from blobsvc import AsyncBlobClient, BlobError, NotFound
 
 from .test_server_faults import (
     HELLO,
@@ -173,3 +173,20 @@ async def test_header_tricklers_at_the_limit_do_not_lock_out_a_well_formed_clien
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     assert waited < 3 * io_timeout, waited
+
+
+async def test_an_idle_http_keep_alive_connection_makes_room_too(start_server: StartServer) -> None:
+    server = await start_server(max_connections=1, idle_timeout=30.0, http_port="0")
+    assert server.http_address is not None
+    reader, writer = await asyncio.open_connection(*server.http_address)
+    try:
+        writer.write(f"GET /blobs/{MISSING_KEY.hex()} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert (await reader.readline()).startswith(b"HTTP/1.1 404")
+        async with AsyncBlobClient(server.address, retries=0) as client:  # served, not BUSY
+            with pytest.raises(NotFound):
+                await client.stat(MISSING_KEY)
+        async with asyncio.timeout(5):
+            while await reader.read(1 << 16):  # the idle HTTP connection was closed
+                pass
+    finally:
+        writer.close()

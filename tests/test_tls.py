@@ -4,6 +4,7 @@ mutual TLS, the minimum version, and a plain peer meeting a TLS one (a clear err
 from __future__ import annotations
 
 import asyncio
+import http.client
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 from blobsvc import (
     AsyncBlobClient,
     BadRequest,
+    BlobClient,
     BlobServer,
     ConnectTimeout,
     Settings,
@@ -203,3 +205,32 @@ def test_serve_with_a_file_that_is_not_a_certificate_is_a_one_line_error(tmp_pat
     assert result.exit_code == 2
     assert f"cannot load TLS certificate {bogus}" in result.output
     assert "Traceback" not in result.output
+
+
+def test_the_http_face_speaks_tls_with_the_same_certificate(tls_settings: Settings, pki: Pki) -> None:
+    running = ServerThread(replace(tls_settings, http_port="0")).start()
+    try:
+        data = bytes(range(256)) * 1024  # past the inline limit: the encrypted file path
+        with BlobClient(running.address, tls=client_tls_context(pki.ca)) as client:
+            key = client.put(data)
+        http_address = running.server.http_address
+        assert http_address is not None
+        host, port = http_address
+        secured = http.client.HTTPSConnection(host, port, timeout=5, context=client_tls_context(pki.ca))
+        try:
+            secured.request("GET", f"/blobs/{key}")
+            answer = secured.getresponse()
+            assert answer.status == 200
+            assert answer.read() == data
+        finally:
+            secured.close()
+        plain = http.client.HTTPConnection(host, port, timeout=5)
+        try:
+            plain.request("GET", f"/blobs/{key}")
+            answer = plain.getresponse()
+            assert answer.status == 400
+            assert b"requires TLS" in answer.read()
+        finally:
+            plain.close()
+    finally:
+        running.stop()
