@@ -146,10 +146,10 @@ class BlobServer:
             self._accepting.append(asyncio.create_task(self._accept_loop(self._http_listener, self._http_connection)))
 
     def _binary_connection(self, sock: socket.socket) -> _Connection:
-        return _Connection(self, self.stream_for(sock))
+        return _Connection(self, self._stream_for(sock))
 
     def _http_connection(self, sock: socket.socket) -> HttpConnection:
-        return HttpConnection(self, self.stream_for(sock))
+        return HttpConnection(self, self._stream_for(sock))
 
     async def serve_forever(self) -> None:
         assert self._accepting, "start() first"
@@ -206,7 +206,7 @@ class BlobServer:
             self._connections[task] = connection
             task.add_done_callback(self._connection_ended)
 
-    def stream_for(self, sock: socket.socket) -> SocketStream:
+    def _stream_for(self, sock: socket.socket) -> SocketStream:
         """An accepted socket as a stream: TLS when the server has a certificate (its
         handshake runs within the first read's timeout, on the connection's own task)."""
         if self._tls is None:
@@ -367,7 +367,7 @@ class _Connection:
     @property
     def waiting(self) -> bool:
         """Waiting for the client between requests or in a header, with nothing under way."""
-        return not self.busy and not self.parser.body_remaining
+        return not self.busy
 
     def _check_auth(self, request: AuthRequest, nonce: bytes) -> None:
         assert self.server._secret is not None
