@@ -99,7 +99,7 @@ def stats(ctx: click.Context, /, cache_dir: str | None, as_json: bool) -> None:
 @cache.command()
 @_dir_option
 @setting_option("cleanup_interval")
-@setting_option("cache_max_bytes", "--max-bytes")
+@setting_option("cache_max_bytes", "--max-bytes", default_text="none (no eviction)")
 @click.option("--verify", is_flag=True, help="Also rehash every blob and repair what is wrong.")
 @click.pass_context
 def gc(

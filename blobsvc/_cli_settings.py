@@ -33,13 +33,15 @@ def _checker(setting: str) -> Callable[[click.Context, click.Parameter, Any], An
     return check
 
 
-def setting_option(name: str, *decls: str, **kwargs: Any) -> Callable[[_F], _F]:
-    """An option ``--<name>`` (and ``decls``) for a setting; unset means "not given"."""
+def setting_option(name: str, *decls: str, default_text: str | None = None, **kwargs: Any) -> Callable[[_F], _F]:
+    """An option ``--<name>`` (and ``decls``) for a setting; unset means "not given".
+    ``default_text`` replaces the setting's default in ``--help`` where the command differs."""
     flag = "--" + name.replace("_", "-")
     if "type" not in kwargs:
         kwargs.update(callback=_checker(name), metavar=Settings.metavar(name))
     # Not click's show_default: the default must stay None so that "not given" can be told apart.
-    help_text = f"{Settings.help(name)}  [default: {Settings.default_text(name)}]"
+    default = Settings.default_text(name) if default_text is None else default_text
+    help_text = f"{Settings.help(name)}  [default: {default}]"
     return click.option(flag, *decls, name, default=None, help=help_text, **kwargs)
 
 

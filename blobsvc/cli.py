@@ -52,8 +52,9 @@ CLIENT_SETTINGS = (
 def client_options(command: _F) -> _F:
     """The options every command that talks to a server shares."""
     for name in reversed(CLIENT_SETTINGS):
-        file_type = click.Path(dir_okay=False, exists=True) if name == "secret_file" or "tls" in name else None
-        extra = {"type": file_type} if file_type else {}
+        extra: dict[str, Any] = {}
+        if name == "secret_file" or name.startswith("tls_"):  # files: a missing one is a usage error
+            extra["type"] = click.Path(dir_okay=False, exists=True)
         command = setting_option(name, *(["-s"] if name == "server" else []), **extra)(command)
     return config_option(command)
 
@@ -333,7 +334,7 @@ def _print_infos(infos: list[BlobInfo], as_json: bool) -> None:
 @click.option(
     "--http-url",
     help="Base URL of the server's HTTP face, e.g. http://blobs.example.org:6180 "
-    "(default: http://<--server host>:<--http-port>).",
+    "(default: http://<--server host>:<--http-port>, https:// when tls_ca is set).",
 )
 @click.option(
     "--expires-in", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
@@ -359,7 +360,8 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
         if ports is None or len(ports) != 1 or ports.start == 0:
             raise click.UsageError("give --http-url, or --http-port (one port) to go with --server's host")
         host = settings.server_address[0]
-        http_url = f"http://{f'[{host}]' if ':' in host else host}:{ports.start}"
+        scheme = "https" if settings.tls_ca is not None else "http"  # a TLS server's HTTP face is TLS too
+        http_url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{ports.start}"
     try:
         click.echo(blob_url(http_url, key=key, job=job, name=name, secret=settings.secret(), expires_in=expires_in))
     except ValueError as exc:

@@ -234,3 +234,10 @@ def test_the_http_face_speaks_tls_with_the_same_certificate(tls_settings: Settin
             plain.close()
     finally:
         running.stop()
+
+
+def test_blobsvc_url_is_https_when_the_client_uses_tls(pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BLOBSVC_TLS_CA", str(pki.ca))
+    result = CliRunner().invoke(main, ["url", "0" * 64, "-s", "blobs.example.org:6130", "--http-port", "6180"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"https://blobs.example.org:6180/blobs/{'0' * 64}"
