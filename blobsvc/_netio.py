@@ -14,15 +14,42 @@ import contextlib
 import os
 import socket
 import ssl
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
-from ._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTimeout, WriteTimeout
+from ._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTimeout, Timeout, WriteTimeout
 
-__all__ = ["SocketStream", "connect"]
+__all__ = ["MIN_BODY_RATE", "SocketStream", "body_deadline", "connect", "header_deadline"]
 
 # How long a closing side keeps draining what the peer still sends, so that the peer reads
 # our error frame instead of a reset (see "Closing after an error" in docs/protocol.md).
 LINGER_SECONDS = 1.0
+# A body of N bytes gets io_timeout + N / MIN_BODY_RATE seconds (Apache's mod_reqtimeout
+# has the same shape, with MinRate=500). 4 KiB/s is a 32 kbit/s line: any client of a
+# cluster's blob server moves bytes thousands of times faster, and a trickler holding a slot
+# for an 8 GiB body would need weeks of steady sending to do it.
+MIN_BODY_RATE = 4 << 10
+
+
+@contextlib.asynccontextmanager
+async def header_deadline(when: float | None, io_timeout: float) -> AsyncIterator[None]:
+    """Bound the reads of a request header (or preamble) by ``when`` (loop time; None: no
+    bound), so that a peer sending a byte just before each wait runs out cannot hold on."""
+    try:
+        async with asyncio.timeout_at(when):
+            yield
+    except TimeoutError:
+        raise ReadTimeout(f"a request header took longer than {io_timeout:g}s") from None
+
+
+@contextlib.asynccontextmanager
+async def body_deadline(size: int, io_timeout: float, error: type[Timeout]) -> AsyncIterator[None]:
+    """Bound the transfer of a ``size``-byte body to ``io_timeout + size / MIN_BODY_RATE``
+    seconds; ``error`` (ReadTimeout or WriteTimeout) says which way it went."""
+    try:
+        async with asyncio.timeout(io_timeout + size / MIN_BODY_RATE):
+            yield
+    except TimeoutError:
+        raise error(f"a {size}-byte body moved slower than {MIN_BODY_RATE} bytes/s") from None
 
 
 @contextlib.contextmanager

@@ -41,9 +41,9 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import h11
 
-from ._exceptions import InternalError, NotFound, RemoteProtocolError, TransportError
+from ._exceptions import InternalError, NotFound, RemoteProtocolError, TransportError, WriteTimeout
 from ._ids import JobLike, KeyLike, job_bytes, key_bytes
-from ._netio import SocketStream
+from ._netio import SocketStream, body_deadline, header_deadline
 from ._protocol import ContentKey, JobBlob, name_error
 from .storage import BlobStorage, OpenBlob
 
@@ -344,6 +344,7 @@ class HttpConnection:
         # Since when it waits for its client; at the limit the longest-waiting connection,
         # binary or HTTP, makes room for a newcomer (BlobServer._make_room).
         self.waiting_since = self._loop.time()
+        self._header_deadline: float | None = None  # when the request header being read must be whole
         self._counted = True
         server._live += 1  # HTTP and binary connections share max_connections
 
@@ -426,10 +427,14 @@ class HttpConnection:
         while True:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
+                self._header_deadline = None
                 return event
             between_requests = self.h11.their_state is h11.IDLE and not self.h11.trailing_data[0]
             timeout = self.settings.idle_timeout if between_requests else self.settings.io_timeout
-            self.h11.receive_data(await self.stream.recv(RECV_SIZE, timeout))
+            if not between_requests and self._header_deadline is None:
+                self._header_deadline = self._loop.time() + self.settings.io_timeout
+            async with header_deadline(self._header_deadline, self.settings.io_timeout):
+                self.h11.receive_data(await self.stream.recv(RECV_SIZE, timeout))
 
     async def _refuse(self, response: HttpResponse) -> None:
         """Answer and close gracefully, so that a client still sending reads our answer."""
@@ -446,18 +451,19 @@ class HttpConnection:
             start = self.h11.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
             assert start is not None
             io_timeout = self.settings.io_timeout
-            if head or response.status == 304:
-                await self.stream.send_all(start, io_timeout)
-            elif response.file is None:
-                await self.stream.send_all(start + self._data(response.body), io_timeout)
-            else:
-                self._data(cast(bytes, _BodySegment(response.count)))
-                fd, offset, count = response.file.fd, response.offset, response.count
-                if count <= INLINE_BODY_LIMIT:
-                    await self.stream.send_all(start + os.pread(fd, count, offset), io_timeout)
-                else:
+            async with body_deadline(0 if head else response.content_length, io_timeout, WriteTimeout):
+                if head or response.status == 304:
                     await self.stream.send_all(start, io_timeout)
-                    await self.stream.sendfile(fd, offset, count, io_timeout)
+                elif response.file is None:
+                    await self.stream.send_all(start + self._data(response.body), io_timeout)
+                else:
+                    self._data(cast(bytes, _BodySegment(response.count)))
+                    fd, offset, count = response.file.fd, response.offset, response.count
+                    if count <= INLINE_BODY_LIMIT:
+                        await self.stream.send_all(start + os.pread(fd, count, offset), io_timeout)
+                    else:
+                        await self.stream.send_all(start, io_timeout)
+                        await self.stream.sendfile(fd, offset, count, io_timeout)
             self.h11.send(h11.EndOfMessage())
         finally:
             response.close()

@@ -10,7 +10,7 @@ from hurting others:
 * ``idle_timeout`` between requests and ``io_timeout`` for any stall inside one, so a silent
   or stalled peer cannot pin a connection; a whole request header (and the preamble, with
   the TLS handshake) must arrive within ``io_timeout`` (the header deadline), and a body
-  must move at least ``MIN_BODY_RATE`` bytes per second on average, so a client trickling
+  must move at least ``_netio.MIN_BODY_RATE`` bytes per second on average, so a client trickling
   a byte at a time cannot pin one either;
 * a PUT longer than ``max_blob_size`` is refused before a byte of its body is read;
 * a rejected or broken upload removes its staging file (``StagedUpload`` is a context
@@ -53,7 +53,7 @@ from ._exceptions import (
     TransportError,
     WriteTimeout,
 )
-from ._netio import SocketStream
+from ._netio import SocketStream, body_deadline, header_deadline
 from ._protocol import (
     NEED_DATA,
     AuthOk,
@@ -90,11 +90,6 @@ RECV_SIZE = 1 << 20
 INLINE_WRITE_LIMIT = 256 << 10
 # Smaller GET bodies go out with their header in one send; sendfile pays off above this.
 INLINE_READ_LIMIT = 64 << 10
-# A body of N bytes gets io_timeout + N / MIN_BODY_RATE seconds (Apache's mod_reqtimeout
-# has the same shape, with MinRate=500). 4 KiB/s is a 32 kbit/s line: any client of a
-# cluster's blob server moves bytes thousands of times faster, and a trickler holding a slot
-# for an 8 GiB body would need weeks of steady sending to do it.
-MIN_BODY_RATE = 4 << 10
 
 
 class BlobServer:
@@ -401,11 +396,8 @@ class _Connection:
         if request.length > limit:
             raise TooLarge(f"{request.length} bytes is over this server's limit of {limit}")
         with self.storage.stage() as upload:
-            try:
-                async with asyncio.timeout(self._body_time(request.length)):
-                    digest = await self._receive_body(upload)
-            except TimeoutError:
-                raise ReadTimeout(f"a {request.length}-byte body came slower than {MIN_BODY_RATE} bytes/s") from None
+            async with body_deadline(request.length, self.settings.io_timeout, ReadTimeout):
+                digest = await self._receive_body(upload)
             # Publication fsyncs, which can take milliseconds even for a tiny file: never on the loop.
             key = await _finish(asyncio.to_thread(self.storage.publish, upload, request.target, digest))
         await self._send(PutOk(key))
@@ -446,19 +438,13 @@ class _Connection:
                 raise BadOffset(f"offset {request.offset} is past the end of a {blob.size}-byte blob")
             header = self.parser.send(GetOk(blob.size, blob.digest))
             count = blob.size - request.offset
-            try:
-                async with asyncio.timeout(self._body_time(count)):
-                    if count <= INLINE_READ_LIMIT:
-                        data = os.pread(blob.fd, count, request.offset)
-                        await self.stream.send_all(header + data, self.settings.io_timeout)
-                    else:
-                        await self.stream.send_all(header, self.settings.io_timeout)
-                        await self.stream.sendfile(blob.fd, request.offset, count, self.settings.io_timeout)
-            except TimeoutError:
-                raise WriteTimeout(f"a {count}-byte body was taken slower than {MIN_BODY_RATE} bytes/s") from None
-
-    def _body_time(self, size: int) -> float:
-        return self.settings.io_timeout + size / MIN_BODY_RATE
+            async with body_deadline(count, self.settings.io_timeout, WriteTimeout):
+                if count <= INLINE_READ_LIMIT:
+                    data = os.pread(blob.fd, count, request.offset)
+                    await self.stream.send_all(header + data, self.settings.io_timeout)
+                else:
+                    await self.stream.send_all(header, self.settings.io_timeout)
+                    await self.stream.sendfile(blob.fd, request.offset, count, self.settings.io_timeout)
 
     async def _next_event(self, timeout: float) -> ServerEvent | Signal:
         """The next frame, reading as needed; ``timeout`` bounds each wait for bytes, and a
@@ -475,11 +461,8 @@ class _Connection:
                 if self._header_deadline is None and not self.parser.body_remaining:
                     self._header_deadline = self._loop.time() + timeout
             want = self.parser.body_remaining or RECV_SIZE
-            try:
-                async with asyncio.timeout_at(self._header_deadline):
-                    data = await self.stream.recv(min(want, RECV_SIZE), timeout)
-            except TimeoutError:
-                raise ReadTimeout(f"a request header took longer than {self.settings.io_timeout:g}s") from None
+            async with header_deadline(self._header_deadline, self.settings.io_timeout):
+                data = await self.stream.recv(min(want, RECV_SIZE), timeout)
             self.parser.receive_data(data)
             timeout = self.settings.io_timeout  # a frame has begun: no more idling
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-import blobsvc.server
+import blobsvc._netio
 from blobsvc import AsyncBlobClient, BlobError, NotFound
 
 from .test_server_faults import (
@@ -76,7 +76,7 @@ async def test_a_body_slower_than_the_minimum_rate_is_cut_off(
 ) -> None:
     """A body sent in steady small pieces, each within ``io_timeout``, but slower on average
     than the minimum rate. The rate is raised for the test so that a second shows it."""
-    monkeypatch.setattr(blobsvc.server, "MIN_BODY_RATE", 100_000)
+    monkeypatch.setattr(blobsvc._netio, "MIN_BODY_RATE", 100_000)
     io_timeout = 0.5
     server = await start_server(io_timeout=io_timeout, idle_timeout=30.0)
     size = 100_000  # allowed io_timeout + 1 s; sent at 20 kB/s it would take 5 s
@@ -190,3 +190,22 @@ async def test_an_idle_http_keep_alive_connection_makes_room_too(start_server: S
                 pass
     finally:
         writer.close()
+
+
+async def test_an_http_header_trickled_byte_by_byte_is_cut_off_at_the_header_deadline(
+    start_server: StartServer,
+) -> None:
+    io_timeout = 0.6
+    server = await start_server(io_timeout=io_timeout, idle_timeout=30.0, http_port="0")
+    assert server.http_address is not None
+    raw = Raw(*await asyncio.open_connection(*server.http_address))
+    sender = asyncio.ensure_future(trickle(raw, b"GET /blobs/x HTTP/1.1\r\nHost: h\r\n\r\n", io_timeout / 4))
+    started = time.monotonic()
+    try:
+        assert await raw.until_closed() == b"", "the header was served, not cut off"
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await sender
+        raw.close()
+    assert time.monotonic() - started <= io_timeout + 1.0
