@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ._exceptions import ConnectionClosed, RemoteProtocolError, TLSError
+from ._exceptions import ConnectionClosed, InvalidArgument, RemoteProtocolError, TLSError
 from ._netio import SocketStream
 from .config import Settings
 
@@ -64,7 +64,7 @@ def server_tls_context(
     try:
         context.minimum_version = TLS_VERSIONS[min_version]
     except KeyError:
-        raise ValueError(f"TLS version must be one of {', '.join(TLS_VERSIONS)}, not {min_version!r}") from None
+        raise InvalidArgument(f"TLS version must be one of {', '.join(TLS_VERSIONS)}, not {min_version!r}") from None
     _load(context.load_cert_chain, "TLS certificate", cert, key)
     if client_ca is not None:
         context.verify_mode = ssl.CERT_REQUIRED
@@ -95,9 +95,9 @@ def _load(load: Callable[..., None], what: str, path: Path | str, *more: Path | 
     try:
         load(str(path), *(str(m) if m is not None else None for m in more))
     except ssl.SSLError as exc:
-        raise ValueError(f"cannot load {what} {path}: {_reason(exc)}") from None
+        raise InvalidArgument(f"cannot load {what} {path}: {_reason(exc)}") from None
     except OSError as exc:
-        raise ValueError(f"cannot load {what} {path}: {exc.strerror or exc}") from None
+        raise InvalidArgument(f"cannot load {what} {path}: {exc.strerror or exc}") from None
 
 
 def _reason(exc: ssl.SSLError) -> str:
@@ -126,6 +126,9 @@ class TlsStream(SocketStream):
         # plain text, so that it learns why it is refused.
         self._plain = False
         self._first_byte: int | None = None  # of the peer's first answer, to tell plain text
+        # A reader and a writer may share the stream (a client listens for an early answer
+        # while it sends a PUT body): ciphertext must leave in the order it was made.
+        self._sending = asyncio.Lock()
 
     async def handshake(self, timeout: float | None) -> None:
         if self._established or self._plain:
@@ -250,7 +253,10 @@ class TlsStream(SocketStream):
 
     async def _flush(self, timeout: float | None) -> None:
         if self._outgoing.pending:
-            await SocketStream.send_all(self, self._outgoing.read(), timeout)
+            async with self._sending:
+                data = self._outgoing.read()  # everything made so far, also by others waiting here
+                if data:
+                    await SocketStream.send_all(self, data, timeout)
 
 
 class _Closed(Exception):
@@ -261,7 +267,7 @@ def server_context_for(settings: Settings) -> ssl.SSLContext | None:
     """The server's TLS context, or None when ``tls_cert`` is not set."""
     if settings.tls_cert is None:
         if settings.tls_key is not None or settings.tls_client_ca is not None:
-            raise ValueError("tls_key and tls_client_ca need tls_cert")
+            raise InvalidArgument("tls_key and tls_client_ca need tls_cert")
         return None
     return server_tls_context(
         settings.tls_cert, settings.tls_key, client_ca=settings.tls_client_ca, min_version=settings.tls_min_version
@@ -272,6 +278,6 @@ def client_context_for(settings: Settings) -> ssl.SSLContext | None:
     """The client commands' TLS context, or None when ``tls_ca`` is not set."""
     if settings.tls_ca is None:
         if settings.tls_client_cert is not None or settings.tls_client_key is not None:
-            raise ValueError("tls_client_cert and tls_client_key need tls_ca")
+            raise InvalidArgument("tls_client_cert and tls_client_key need tls_ca")
         return None
     return client_tls_context(settings.tls_ca, cert=settings.tls_client_cert, key=settings.tls_client_key)

@@ -205,3 +205,21 @@ async def test_a_refused_connection_is_a_connect_error_naming_the_address_once()
         with pytest.raises(ConnectError) as caught:
             await client.stat(KEY)
     assert str(caught.value).count(address) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        pytest.param(["--tls-key", "setup.cfg"], "tls_key and tls_client_ca need tls_cert", id="key-without-cert"),
+        pytest.param(["--tls-cert", "setup.cfg"], "cannot load TLS certificate setup.cfg", id="not-a-cert"),
+        pytest.param(["--tls-min-version", "1.1"], "'1.1' is not one of '1.2', '1.3'", id="old-version"),
+    ],
+)
+def test_serve_with_unusable_tls_settings_is_a_one_line_usage_error(
+    args: list[str], says: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "setup.cfg").write_text("x")
+    code, output = run("serve", "--port", "0", "--data-dir", str(tmp_path / "data"), *args)
+    assert code == 2
+    assert says in error_line(output)

@@ -188,6 +188,15 @@ def test_cli_serves_and_fetches_over_tls(tls_settings: Settings, pki: Pki, tmp_p
         got = runner.invoke(main, ["get", put.output.strip(), "-o", str(tmp_path / "out"), *common])
         assert got.exit_code == 0, got.output
         assert (tmp_path / "out").read_bytes() == source.read_bytes()
+        mutual = ServerThread(replace(tls_settings, tls_client_ca=pki.client_ca, data_dir=tmp_path / "m")).start()
+        try:
+            with_cert = ["-s", mutual.address, "--tls-ca", str(pki.ca), "--tls-client-cert", str(pki.client_cert)]
+            assert runner.invoke(main, ["put", str(source), *with_cert]).exit_code == 0
+            refused = runner.invoke(main, ["put", str(source), "-s", mutual.address, "--tls-ca", str(pki.ca)])
+            assert refused.exit_code == 1
+            assert "certificate required" in refused.output
+        finally:
+            mutual.stop()
         plain = runner.invoke(main, ["stat", put.output.strip(), "-s", running.address])
         assert plain.exit_code == 1
         assert plain.output.strip().splitlines() == [plain.output.strip()]
