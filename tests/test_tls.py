@@ -23,6 +23,7 @@ from blobsvc import (
     ConnectTimeout,
     Settings,
     TLSError,
+    TooLarge,
     client_tls_context,
     digest_of,
     new_job_id,
@@ -250,3 +251,15 @@ def test_blobsvc_url_is_https_when_the_client_uses_tls(pki: Pki, monkeypatch: py
     result = CliRunner().invoke(main, ["url", "0" * 64, "-s", "blobs.example.org:6130", "--http-port", "6180"])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == f"https://blobs.example.org:6180/blobs/{'0' * 64}"
+
+
+async def test_an_early_refusal_reaches_the_client_over_tls(tls_settings: Settings, pki: Pki) -> None:
+    """TOO_LARGE comes before the body ends, while the client still sends: it must arrive
+    intact through the TLS stream and its closing, not as a broken pipe."""
+    async with (
+        BlobServer(replace(tls_settings, max_blob_size=1 << 20)) as server,
+        _client(server.address, client_tls_context(pki.ca)) as client,
+    ):
+        with pytest.raises(TooLarge):
+            await client.put(bytes(8 << 20))
+        assert await client.get(await client.put(b"still served")) == b"still served"
