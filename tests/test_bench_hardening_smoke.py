@@ -5,29 +5,9 @@ Speed is not asserted: this only proves the benchmarks still work against the cu
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def run_quick(module: str) -> list[dict[str, Any]]:
-    completed = subprocess.run(
-        [sys.executable, "-m", module, "--quick"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert completed.returncode == 0, completed.stderr
-    return [json.loads(line) for line in completed.stdout.splitlines()]
+from .test_bench_smoke import run_quick
 
 
 @pytest.mark.slow

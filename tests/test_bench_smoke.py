@@ -50,9 +50,10 @@ EXPECTED = {
 }
 
 
-def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) -> None:
+def run_quick(module: str, *args: str) -> list[dict[str, Any]]:
+    """The JSON lines of ``python -m MODULE --quick ARGS``, which must exit 0."""
     completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_server", "--quick", "--tmp-dir", str(tmp_path)],
+        [sys.executable, "-m", module, "--quick", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -60,7 +61,11 @@ def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) 
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert completed.returncode == 0, completed.stderr
-    records: list[dict[str, Any]] = [json.loads(line) for line in completed.stdout.splitlines()]
+    return [json.loads(line) for line in completed.stdout.splitlines()]
+
+
+def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) -> None:
+    records = run_quick("benchmarks.bench_server", "--tmp-dir", str(tmp_path))
     assert all(isinstance(record, dict) for record in records)
 
     *measurements, summary = records

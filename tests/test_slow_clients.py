@@ -44,6 +44,20 @@ async def trickle(raw: Raw, data: bytes, interval: float) -> None:
         await asyncio.sleep(interval)
 
 
+async def assert_cut_off_while_trickling(raw: Raw, wire: bytes, io_timeout: float) -> None:
+    """Trickle ``wire`` a byte every quarter ``io_timeout``: the server must close the
+    connection within about ``io_timeout`` without answering."""
+    sender = asyncio.ensure_future(trickle(raw, wire, io_timeout / 4))
+    started = time.monotonic()
+    try:
+        assert await raw.until_closed() == b"", "the header was served, not cut off"
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await sender
+    assert time.monotonic() - started <= io_timeout + 1.0
+
+
 @pytest.mark.parametrize(
     "before",
     [pytest.param(b"", id="preamble"), pytest.param(HELLO, id="request-header")],
@@ -59,15 +73,7 @@ async def test_a_header_trickled_byte_by_byte_is_cut_off_at_the_header_deadline(
             await raw.send(before)
             assert await raw.read(6) == HELLO
         wire = HELLO if not before else stat_request(content(MISSING_KEY))
-        sender = asyncio.ensure_future(trickle(raw, wire, io_timeout / 4))
-        started = time.monotonic()
-        try:
-            assert await raw.until_closed() == b"", "the header was served, not cut off"
-        finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                await sender
-        assert time.monotonic() - started <= io_timeout + 1.0
+        await assert_cut_off_while_trickling(raw, wire, io_timeout)
     await assert_healthy(server)
 
 
@@ -199,13 +205,7 @@ async def test_an_http_header_trickled_byte_by_byte_is_cut_off_at_the_header_dea
     server = await start_server(io_timeout=io_timeout, idle_timeout=30.0, http_port="0")
     assert server.http_address is not None
     raw = Raw(*await asyncio.open_connection(*server.http_address))
-    sender = asyncio.ensure_future(trickle(raw, b"GET /blobs/x HTTP/1.1\r\nHost: h\r\n\r\n", io_timeout / 4))
-    started = time.monotonic()
     try:
-        assert await raw.until_closed() == b"", "the header was served, not cut off"
+        await assert_cut_off_while_trickling(raw, b"GET /blobs/x HTTP/1.1\r\nHost: h\r\n\r\n", io_timeout)
     finally:
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await sender
         raw.close()
-    assert time.monotonic() - started <= io_timeout + 1.0
