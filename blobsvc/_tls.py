@@ -95,7 +95,7 @@ def _load(load: Callable[..., None], what: str, path: Path | str, *more: Path | 
     try:
         load(str(path), *(str(m) if m is not None else None for m in more))
     except ssl.SSLError as exc:
-        raise InvalidArgument(f"cannot load {what} {path}: {_reason(exc)}") from None
+        raise InvalidArgument(f"cannot load {what} {path}: not a usable PEM file ({_reason(exc)})") from None
     except OSError as exc:
         raise InvalidArgument(f"cannot load {what} {path}: {exc.strerror or exc}") from None
 
