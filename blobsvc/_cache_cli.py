@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ._cli_settings import load_settings, setting_option
+from ._cli_settings import config_option, load_settings, setting_option
 from .cache import CacheStore
 from .config import ENV_PREFIX
 
@@ -27,7 +27,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _dir_option(command: _F) -> _F:
-    return setting_option("cache_dir", "--dir", type=click.Path(file_okay=False))(command)
+    return config_option(setting_option("cache_dir", "--dir", type=click.Path(file_okay=False))(command))
 
 
 def _json_option(command: _F) -> _F:
@@ -104,7 +104,7 @@ def stats(ctx: click.Context, /, cache_dir: str | None, cache_max_bytes: str | N
 @cache.command()
 @_dir_option
 @setting_option("cleanup_interval")
-@setting_option("cache_max_bytes", "--max-bytes")
+@setting_option("cache_max_bytes", "--max-bytes", default_text="none (no eviction)")
 @click.option("--verify", is_flag=True, help="Also rehash every blob and repair what is wrong.")
 @click.pass_context
 def gc(

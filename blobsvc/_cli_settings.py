@@ -1,5 +1,6 @@
-"""Command-line options that are settings: each has its setting's help text, and what the
-command line leaves unset comes from the environment, the TOML file or the default."""
+"""Command-line options that are settings: each has its setting's help text, value syntax and
+default, and what the command line leaves unset comes from the environment, the TOML file or
+the default."""
 
 from __future__ import annotations
 
@@ -10,15 +11,55 @@ import click
 
 from .config import Settings
 
-__all__ = ["load_settings", "setting_option"]
+__all__ = ["config_option", "load_settings", "setting_option"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
+CONFIG_HELP = "TOML file of settings (below command-line options and BLOBSVC_* variables)."
 
-def setting_option(name: str, *decls: str, **kwargs: Any) -> Callable[[_F], _F]:
-    """An option ``--<name>`` (and ``decls``) for a setting; unset means "not given"."""
+
+def _checker(setting: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """Checks a value with its setting's own parser, so that a bad one is a usage error
+    naming the option; the text itself goes on to :meth:`Settings.load`."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None:
+            try:
+                Settings.parse(setting, value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), ctx, param) from None
+        return value
+
+    return check
+
+
+def setting_option(name: str, *decls: str, default_text: str | None = None, **kwargs: Any) -> Callable[[_F], _F]:
+    """An option ``--<name>`` (and ``decls``) for a setting; unset means "not given".
+    ``default_text`` replaces the setting's default in ``--help`` where the command differs."""
     flag = "--" + name.replace("_", "-")
-    return click.option(flag, *decls, name, default=None, help=Settings.help(name), **kwargs)
+    if "type" not in kwargs:
+        kwargs.update(callback=_checker(name), metavar=Settings.metavar(name))
+    # Not click's show_default: the default must stay None so that "not given" can be told apart.
+    default = Settings.default_text(name) if default_text is None else default_text
+    help_text = f"{Settings.help(name)}  [default: {default}]"
+    return click.option(flag, *decls, name, default=None, help=help_text, **kwargs)
+
+
+def _remember_config(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.find_root().obj = value
+
+
+def config_option(command: _F) -> _F:
+    """``--config`` after the subcommand too, where people put it."""
+    option = click.option(
+        "--config",
+        type=click.Path(dir_okay=False, exists=True),
+        expose_value=False,
+        callback=_remember_config,
+        help=CONFIG_HELP,
+    )
+    return option(command)
 
 
 def load_settings(ctx: click.Context, options: dict[str, Any]) -> Settings:

@@ -3,14 +3,17 @@
     BlobError
     ├── ProtocolError                 a frame broke the wire contract
     │   ├── LocalProtocolError        ... and it was ours (a bug or a bad argument)
+    │   │   └── InvalidArgument       a malformed key, job id, name or address (also a ValueError)
     │   └── RemoteProtocolError       ... and it was the peer's
     ├── TransportError                the connection itself failed
     │   ├── ConnectError              could not connect (refused, unreachable, DNS)
+    │   │   └── TLSError              the TLS handshake failed (certificate, host name, version)
     │   ├── ConnectionClosed          the peer closed or reset mid-exchange
     │   └── Timeout
     │       ├── ConnectTimeout
     │       ├── ReadTimeout
     │       └── WriteTimeout
+    ├── ClientClosed                  a client used after close() (also a RuntimeError)
     └── ServerError                   the server answered with an error frame
         ├── BadRequest                  1
         ├── NotFound                    2
@@ -43,12 +46,14 @@ __all__ = [
     "BadRequest",
     "BlobError",
     "Busy",
+    "ClientClosed",
     "ConnectError",
     "ConnectTimeout",
     "ConnectionClosed",
     "DigestMismatch",
     "InsufficientStorage",
     "InternalError",
+    "InvalidArgument",
     "LocalProtocolError",
     "NotFound",
     "NotLeader",
@@ -56,6 +61,7 @@ __all__ = [
     "ReadTimeout",
     "RemoteProtocolError",
     "ServerError",
+    "TLSError",
     "Timeout",
     "TooLarge",
     "TransportError",
@@ -77,6 +83,15 @@ class LocalProtocolError(ProtocolError):
     """We were about to send a frame that breaks the contract: a bug or a bad argument."""
 
 
+class InvalidArgument(LocalProtocolError, ValueError):
+    """An argument blobsvc cannot use: a malformed key, job id, blob name or server address,
+    or arguments that do not go together. A ``ValueError`` too, as Python code expects."""
+
+
+class ClientClosed(BlobError, RuntimeError):
+    """A client was used after it was closed."""
+
+
 class RemoteProtocolError(ProtocolError):
     """The peer sent bytes that break the contract.
 
@@ -95,6 +110,11 @@ class TransportError(BlobError):
 
 class ConnectError(TransportError):
     """The server could not be reached."""
+
+
+class TLSError(ConnectError):
+    """The TLS handshake failed: an untrusted certificate, a host name it does not cover, no
+    common protocol version, or one side without TLS. A retry cannot cure it."""
 
 
 class ConnectionClosed(TransportError):

@@ -6,6 +6,7 @@ import uuid
 
 import blake3
 
+from ._exceptions import InvalidArgument
 from ._protocol import JOB_SIZE, KEY_SIZE
 
 __all__ = ["KeyLike", "JobLike", "digest_of", "key_bytes", "job_bytes", "new_job_id"]
@@ -28,7 +29,7 @@ def _from_hex_or_raw(value: str | bytes, size: int, what: str) -> bytes:
             return bytes.fromhex(text)
         except ValueError:
             pass
-    raise ValueError(f"a {what} is {2 * size} hex characters or {size} raw bytes, not {value!r}")
+    raise InvalidArgument(f"a {what} is {2 * size} hex characters or {size} raw bytes, not {value!r}")
 
 
 def key_bytes(key: KeyLike) -> bytes:

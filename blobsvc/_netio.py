@@ -13,15 +13,43 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Iterator
+import ssl
+from collections.abc import AsyncIterator, Iterator
 
-from ._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTimeout, WriteTimeout
+from ._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTimeout, Timeout, WriteTimeout
 
-__all__ = ["SocketStream", "connect"]
+__all__ = ["MIN_BODY_RATE", "SocketStream", "body_deadline", "connect", "header_deadline"]
 
 # How long a closing side keeps draining what the peer still sends, so that the peer reads
 # our error frame instead of a reset (see "Closing after an error" in docs/protocol.md).
 LINGER_SECONDS = 1.0
+# A body of N bytes gets io_timeout + N / MIN_BODY_RATE seconds (Apache's mod_reqtimeout
+# has the same shape, with MinRate=500). 4 KiB/s is a 32 kbit/s line: any client of a
+# cluster's blob server moves bytes thousands of times faster, and a trickler holding a slot
+# for an 8 GiB body would need weeks of steady sending to do it.
+MIN_BODY_RATE = 4 << 10
+
+
+@contextlib.asynccontextmanager
+async def header_deadline(when: float | None, io_timeout: float) -> AsyncIterator[None]:
+    """Bound the reads of a request header (or preamble) by ``when`` (loop time; None: no
+    bound), so that a peer sending a byte just before each wait runs out cannot hold on."""
+    try:
+        async with asyncio.timeout_at(when):
+            yield
+    except TimeoutError:
+        raise ReadTimeout(f"a request header took longer than {io_timeout:g}s") from None
+
+
+@contextlib.asynccontextmanager
+async def body_deadline(size: int, io_timeout: float, error: type[Timeout]) -> AsyncIterator[None]:
+    """Bound the transfer of a ``size``-byte body to ``io_timeout + size / MIN_BODY_RATE``
+    seconds; ``error`` (ReadTimeout or WriteTimeout) says which way it went."""
+    try:
+        async with asyncio.timeout(io_timeout + size / MIN_BODY_RATE):
+            yield
+    except TimeoutError:
+        raise error(f"a {size}-byte body moved slower than {MIN_BODY_RATE} bytes/s") from None
 
 
 @contextlib.contextmanager
@@ -53,6 +81,9 @@ class SocketStream:
         except OSError:
             return "?"
         return f"{host}:{port}"
+
+    async def handshake(self, timeout: float | None) -> None:
+        """Set up what the stream needs before data moves: nothing for plain TCP."""
 
     def is_alive(self) -> bool:
         """Whether an idle connection is still open: nothing to read and no EOF pending."""
@@ -128,8 +159,11 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def connect(host: str, port: int, timeout: float) -> SocketStream:
-    """Connect to ``host:port``, trying each address it resolves to."""
+async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None) -> SocketStream:
+    """Connect to ``host:port``, trying each address it resolves to; with ``tls``, the
+    handshake (checking the certificate against ``host``) is part of connecting."""
+    from ._tls import TlsStream  # it builds on this module
+
     loop = asyncio.get_running_loop()
     errors: list[str] = []
     try:
@@ -142,14 +176,25 @@ async def connect(host: str, port: int, timeout: float) -> SocketStream:
                     await loop.sock_connect(sock, address)
                 except OSError as exc:
                     sock.close()
-                    errors.append(f"{address[0]}: {exc.strerror or exc}")
+                    # uvloop's strerror repeats the address; the errno says it plainly.
+                    errors.append(f"{address[0]}: {os.strerror(exc.errno) if exc.errno else exc}")
                     continue
                 except BaseException:
                     sock.close()
                     raise
-                return SocketStream(sock)
+                if tls is None:
+                    return SocketStream(sock)
+                stream = TlsStream(sock, tls, server_side=False, server_hostname=host)
+                try:
+                    await stream.handshake(None)
+                except BaseException:
+                    stream.close()
+                    raise
+                return stream
     except TimeoutError:
         raise ConnectTimeout(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
     except OSError as exc:
         raise ConnectError(f"cannot resolve {host}: {exc.strerror or exc}") from None
+    if len(errors) == 1:  # the address is in the message already
+        errors = [errors[0].partition(": ")[2]]
     raise ConnectError(f"cannot connect to {host}:{port}: {'; '.join(errors) or 'no address'}")

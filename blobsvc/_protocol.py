@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from ._exceptions import (
     ERRORS,
     ConnectionClosed,
+    InvalidArgument,
     LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
@@ -143,12 +144,12 @@ CLOSED = Signal.CLOSED
 
 def _check_key(key: bytes) -> None:
     if len(key) != KEY_SIZE:
-        raise LocalProtocolError(f"a key is {KEY_SIZE} bytes, not {len(key)}")
+        raise InvalidArgument(f"a key is {KEY_SIZE} bytes, not {len(key)}")
 
 
 def _check_job(job: bytes) -> None:
     if len(job) != JOB_SIZE:
-        raise LocalProtocolError(f"a job id is {JOB_SIZE} bytes, not {len(job)}")
+        raise InvalidArgument(f"a job id is {JOB_SIZE} bytes, not {len(job)}")
 
 
 def name_error(raw: bytes) -> str | None:
@@ -185,7 +186,7 @@ class JobBlob:
         _check_job(self.job)
         problem = name_error(self.name.encode("utf-8", "surrogatepass"))
         if problem:
-            raise LocalProtocolError(problem)
+            raise InvalidArgument(problem)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,11 @@ from typing import Any, TypeVar
 import click
 
 from ._cache_cli import cache
-from ._cli_settings import load_settings, setting_option
-from ._exceptions import BlobError
+from ._cli_settings import CONFIG_HELP, config_option, load_settings, setting_option
+from ._exceptions import BlobError, InvalidArgument
 from ._logs import configure as configure_logs
 from ._logs import log_recovery
+from ._tls import client_context_for
 from .client import AsyncBlobClient, BlobInfo, Progress
 from .config import LOG_FORMATS, LOG_LEVELS, Settings
 from .http import blob_url
@@ -41,22 +42,43 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _T = TypeVar("_T")
 
 
+CLIENT_SETTINGS = (
+    "server",
+    "timeout",
+    "connect_timeout",
+    "retries",
+    "secret_file",
+    "tls_ca",
+    "tls_client_cert",
+    "tls_client_key",
+)
+
+
 def client_options(command: _F) -> _F:
     """The options every command that talks to a server shares."""
-    for name in reversed(("server", "timeout", "connect_timeout", "retries", "secret_file")):
-        command = setting_option(name, *(["-s"] if name == "server" else []))(command)
-    return command
+    for name in reversed(CLIENT_SETTINGS):
+        extra: dict[str, Any] = {}
+        if name == "secret_file" or name.startswith("tls_"):  # files: a missing one is a usage error
+            extra["type"] = click.Path(dir_okay=False, exists=True)
+        command = setting_option(name, *(["-s"] if name == "server" else []), **extra)(command)
+    return config_option(command)
 
 
 def _run(coroutine: Coroutine[Any, Any, _T]) -> _T:
-    """Run a coroutine on uvloop when it is installed; blobsvc errors exit 1 with one line."""
+    """Run a coroutine on uvloop when it is installed; errors end in one line: exit 2 for a
+    bad argument, 1 for anything else."""
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(coroutine)
+    except InvalidArgument as exc:  # a malformed key, job id or name
+        raise click.UsageError(str(exc)) from None
     except BlobError as exc:
         raise click.ClickException(str(exc)) from None
-    except ValueError as exc:  # a malformed key or job id
+    except ValueError as exc:  # a setting that cannot be used (a secret file that is empty)
         raise click.UsageError(str(exc)) from None
+    except OSError as exc:  # a local file: unreadable, unwritable, a full disk
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise click.ClickException(f"{where}{exc.strerror or exc}") from None
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -74,6 +96,7 @@ def _client(settings: Settings) -> AsyncBlobClient:
         connect_timeout=settings.connect_timeout,
         timeout=settings.timeout,
         retries=settings.retries,
+        tls=client_context_for(settings),
     )
 
 
@@ -101,7 +124,7 @@ def _blob_args(key: str | None, job: str | None, name: str | None, *, whole_job:
     "--config",
     type=click.Path(dir_okay=False, exists=True),
     envvar="BLOBSVC_CONFIG",
-    help="TOML file of settings (below command-line options and BLOBSVC_* variables).",
+    help=CONFIG_HELP,
 )
 @click.version_option(package_name="blobsvc")
 @click.pass_context
@@ -115,6 +138,7 @@ def main(ctx: click.Context, config: str | None) -> None:
 
 
 @main.command()
+@config_option
 @setting_option("host")
 @setting_option("port")
 @setting_option("data_dir", type=click.Path(file_okay=False))
@@ -125,6 +149,10 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("shutdown_timeout")
 @setting_option("http_port")
 @setting_option("secret_file", type=click.Path(dir_okay=False, exists=True))
+@setting_option("tls_cert", type=click.Path(dir_okay=False, exists=True))
+@setting_option("tls_key", type=click.Path(dir_okay=False, exists=True))
+@setting_option("tls_client_ca", type=click.Path(dir_okay=False, exists=True))
+@setting_option("tls_min_version", type=click.Choice(["1.2", "1.3"]))
 @click.option("--verify-on-start/--no-verify-on-start", default=None, help=Settings.help("verify_on_start"))
 @setting_option("metrics_port")
 @setting_option("log_format", type=click.Choice(LOG_FORMATS, case_sensitive=False))
@@ -183,8 +211,7 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
     @functools.wraps(func)
     @click.pass_context
     def command(ctx: click.Context, /, **args: Any) -> None:
-        setting_names = ("server", "timeout", "connect_timeout", "retries", "secret_file")
-        settings = load_settings(ctx, {name: args.pop(name) for name in setting_names})
+        settings = load_settings(ctx, {name: args.pop(name) for name in CLIENT_SETTINGS})
 
         async def go() -> None:
             async with _client(settings) as client:
@@ -202,7 +229,11 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
 @client_options
 @_client_command
 async def put(client: AsyncBlobClient, file: str, job: str | None, name: str | None) -> None:
-    """Upload FILE ('-' for stdin) and print its key."""
+    """Upload FILE ('-' for stdin) and print its key.
+
+    Stdin is first copied to a temporary file in $TMPDIR, which needs room for it: a PUT
+    sends the blob's length before its bytes, and a failed upload can then be retried.
+    """
     if (job is None) != (name is None):
         raise click.UsageError("--job and --name go together")
     source: Any = sys.stdin.buffer if file == "-" else Path(file)
@@ -221,16 +252,23 @@ async def put(client: AsyncBlobClient, file: str, job: str | None, name: str | N
     "-o",
     type=click.Path(dir_okay=False, allow_dash=True),
     default="-",
+    callback=lambda ctx, param, value: _writable_destination(ctx, param, value),
     help="Where to write the blob ('-' is stdout).",
 )
 @client_options
 @_client_command
 async def get(client: AsyncBlobClient, key: str | None, job: str | None, name: str | None, output: str) -> None:
-    """Download a blob, by KEY or by --job and --name, verifying its digest."""
+    """Download a blob, by KEY or by --job and --name, verifying its digest.
+
+    With -o FILE the file appears only once complete and verified. To stdout the bytes are
+    written as they arrive (memory stays small however large the blob) and checked at the
+    end: a non-zero exit status means the output is incomplete or wrong; discard it.
+    """
     which = _blob_args(key, job, name)
     if output == "-":
-        sys.stdout.buffer.write(await client.get(**which))
         sys.stdout.flush()
+        await client.get_into(sys.stdout.buffer, **which)
+        sys.stdout.buffer.flush()
         return
     size = (await client.stat(**which)).size if sys.stderr.isatty() else 0
     with _progress(size, "downloading") as progress:
@@ -291,6 +329,14 @@ async def status(client: AsyncBlobClient, as_json: bool) -> None:
         click.echo(f"{name.replace('_', ' ')}: {value}")
 
 
+def _writable_destination(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Refuse a destination in a directory that does not exist before anything is fetched."""
+    parent = Path(value).parent
+    if value != "-" and not parent.is_dir():
+        raise click.BadParameter(f"directory {str(parent)!r} does not exist", ctx, param)
+    return value
+
+
 def _print_infos(infos: list[BlobInfo], as_json: bool) -> None:
     for info in infos:
         if as_json:
@@ -306,7 +352,7 @@ def _print_infos(infos: list[BlobInfo], as_json: bool) -> None:
 @click.option(
     "--http-url",
     help="Base URL of the server's HTTP face, e.g. http://blobs.example.org:6180 "
-    "(default: http://<--server host>:<--http-port>).",
+    "(default: http://<--server host>:<--http-port>, https:// when tls_ca is set).",
 )
 @click.option(
     "--expires-in", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
@@ -332,7 +378,8 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
         if ports is None or len(ports) != 1 or ports.start == 0:
             raise click.UsageError("give --http-url, or --http-port (one port) to go with --server's host")
         host = settings.server_address[0]
-        http_url = f"http://{f'[{host}]' if ':' in host else host}:{ports.start}"
+        scheme = "https" if settings.tls_ca is not None else "http"  # a TLS server's HTTP face is TLS too
+        http_url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{ports.start}"
     try:
         click.echo(blob_url(http_url, key=key, job=job, name=name, secret=settings.secret(), expires_in=expires_in))
     except ValueError as exc:

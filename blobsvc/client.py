@@ -21,6 +21,8 @@ import hmac
 import io
 import os
 import random
+import shutil
+import ssl
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -35,12 +37,15 @@ from ._exceptions import (
     AuthRequired,
     BadOffset,
     Busy,
+    ClientClosed,
     ConnectionClosed,
     DigestMismatch,
+    InvalidArgument,
     LocalProtocolError,
     ReadTimeout,
     RemoteProtocolError,
     ServerError,
+    TLSError,
     TransportError,
     error_for_code,
 )
@@ -75,7 +80,7 @@ from ._protocol import (
     StatusRequest,
     WholeJob,
 )
-from .config import DEFAULT_PORT
+from .config import DEFAULT_PORT, parse_address
 
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
 
@@ -111,16 +116,11 @@ def _target(key: KeyLike | None, job: JobLike | None, name: str | None) -> Conte
         return ContentKey(key_bytes(key))
     if key is None and job is not None and name is not None:
         return JobBlob(job_bytes(job), name)
-    raise ValueError("name a blob by its key, or by job and name")
+    raise InvalidArgument("name a blob by its key, or by job and name")
 
 
 def _parse_address(server: str | tuple[str, int]) -> tuple[str, int]:
-    if isinstance(server, tuple):
-        return server
-    host, sep, port = server.rpartition(":")
-    if not sep:
-        return server, DEFAULT_PORT
-    return host.strip("[]"), int(port)
+    return server if isinstance(server, tuple) else parse_address(server)
 
 
 class _Channel:
@@ -220,6 +220,32 @@ class _FileSink:
         self.size = 0
 
 
+class _ThreadWriter:
+    """A blocking binary stream written from a worker thread, so that a slow reader of a
+    pipe stalls this download, not the event loop."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        await asyncio.to_thread(self.stream.write, data)
+
+
+class _StreamSink(_FileSink):
+    """Writes to a stream that cannot be rewound (stdout): a resumed read continues it, but
+    a download that would have to start over fails instead."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        super().__init__(_ThreadWriter(stream))
+
+    async def reset(self) -> None:
+        await self.drain()
+        raise DigestMismatch(
+            f"the {self.size} bytes written so far are not of the blob now stored (it changed or arrived "
+            "damaged), and a stream cannot start over: discard them"
+        )
+
+
 class AsyncBlobClient:
     """An asyncio client of one blob server.
 
@@ -227,7 +253,9 @@ class AsyncBlobClient:
     for the server (a read that stalls, a reply that does not come); ``retries`` is how many
     more attempts a request gets after a connection failure, a timeout or BUSY, waiting
     ``backoff * 2**n`` seconds (with jitter) between them. Server answers such as NOT_FOUND
-    are never retried. Use as ``async with AsyncBlobClient(...) as client:``.
+    are never retried. ``tls`` (see :func:`blobsvc.client_tls_context`) makes every
+    connection TLS, checking the server's certificate against the host name in ``server``.
+    Use as ``async with AsyncBlobClient(...) as client:``.
     """
 
     def __init__(
@@ -239,8 +267,10 @@ class AsyncBlobClient:
         timeout: float = 60.0,
         retries: int = 3,
         backoff: float = 0.1,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port = _parse_address(server)
+        self.tls = tls
         self.secret = secret
         self.connect_timeout = connect_timeout
         self.timeout = timeout
@@ -281,7 +311,7 @@ class AsyncBlobClient:
         under that name, replacing an earlier blob of the name atomically.
         """
         if (job is None) != (name is None):
-            raise ValueError("a job-scoped blob needs both job and name")
+            raise InvalidArgument("a job-scoped blob needs both job and name")
         target = JobBlob(job_bytes(job), name) if job is not None and name is not None else None
         opener = _SourceOpener(source)
         timeout = self.timeout if timeout is None else timeout
@@ -290,7 +320,10 @@ class AsyncBlobClient:
             async with opener() as (length, chunks):
                 return await self._put_on(channel, PutRequest(length, target), chunks, timeout, progress)
 
-        return await self._with_retries(attempt, timeout, retry=opener.rewindable)
+        try:
+            return await self._with_retries(attempt, timeout)
+        finally:
+            opener.close()
 
     async def get(
         self,
@@ -332,6 +365,26 @@ class AsyncBlobClient:
                 os.unlink(temp)
             raise
         return info
+
+    async def get_into(
+        self,
+        stream: IO[bytes],
+        key: KeyLike | None = None,
+        *,
+        job: JobLike | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> BlobInfo:
+        """Write a blob to a binary ``stream`` (stdout, a pipe) as it arrives, holding no
+        more than a chunk in memory.
+
+        The bytes are checked as they pass and the whole against the blob's digest at the
+        end: a :class:`DigestMismatch` (or any error) means that what was written must be
+        discarded. A broken read resumes where the stream stopped.
+        """
+        sink = _StreamSink(stream)
+        return await self._fetch(_target(key, job, name), sink, timeout, progress)
 
     async def resume_file(
         self,
@@ -416,14 +469,12 @@ class AsyncBlobClient:
 
         return await self._with_retries(attempt, timeout)
 
-    async def _with_retries(
-        self, attempt: Callable[[_Channel], Awaitable[_T]], timeout: float, *, retry: bool = True
-    ) -> _T:
+    async def _with_retries(self, attempt: Callable[[_Channel], Awaitable[_T]], timeout: float) -> _T:
         """Run ``attempt`` on a pooled connection, again after failures a retry can cure;
         ``timeout`` bounds each wait of the connection's set-up too."""
         if self._state is _State.CLOSED:
-            raise RuntimeError("this client is closed")
-        tries = 1 + (self.retries if retry else 0)
+            raise ClientClosed("this client is closed")
+        tries = 1 + self.retries
         for number in range(tries):
             try:
                 channel = await self._acquire(timeout)
@@ -433,8 +484,10 @@ class AsyncBlobClient:
                     self._release(channel)
                 return result
             except (TransportError, Busy) as exc:
-                if number + 1 == tries:
-                    raise type(exc)(f"{exc} (server {self.server}, {tries} attempt(s))") from exc
+                if number + 1 == tries or isinstance(exc, TLSError):
+                    where = "" if self.server in str(exc) else f"server {self.server}, "
+                    attempts = f"{number + 1} attempt{'s' if number else ''}"
+                    raise type(exc)(f"{exc} ({where}{attempts})") from exc
             delay = min(MAX_BACKOFF, self.backoff * 2**number) * random.uniform(0.5, 1.5)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
@@ -445,7 +498,7 @@ class AsyncBlobClient:
             if channel.stream.is_alive():
                 return channel
             channel.close()  # the server closed it while it sat idle (its idle timeout)
-        channel = _Channel(await connect(self.host, self.port, min(self.connect_timeout, timeout)))
+        channel = _Channel(await connect(self.host, self.port, min(self.connect_timeout, timeout), self.tls))
         try:
             await channel.send(Hello(), timeout)
             hello = await channel.reply(timeout)
@@ -584,21 +637,27 @@ class _SourceOpener:
         self.stream: IO[bytes] | None = None
         if not isinstance(source, bytes | bytearray | memoryview | str | os.PathLike):
             self.stream = source
-        # A stream that cannot seek is read once into memory, so retries are not possible.
-        self.rewindable = self.stream is None or _seekable(self.stream)
-        self._start = self.stream.tell() if self.stream is not None and self.rewindable else 0
+        # A stream that cannot seek (a pipe) is spooled to a temporary file at the first
+        # attempt: the PUT header needs the length first, and retries can then start over.
+        self._unseekable = self.stream is not None and not _seekable(self.stream)
+        self._start = self.stream.tell() if self.stream is not None and not self._unseekable else 0
+        self._spool: IO[bytes] | None = None
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
 
     @contextlib.asynccontextmanager
     async def __call__(self) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+        if self._unseekable:
+            assert self.stream is not None
+            self.stream = self._spool = await asyncio.to_thread(_spool, self.stream)
+            self._unseekable = False
         source, stream = self.source, self.stream
         if stream is not None:
-            if self.rewindable:
-                length = stream.seek(0, io.SEEK_END) - self._start
-                stream.seek(self._start)
-                yield length, _read_chunks(lambda n: asyncio.to_thread(stream.read, n), length)
-            else:
-                data = await asyncio.to_thread(stream.read)  # the header needs the length first
-                yield len(data), _chunks_of(memoryview(data))
+            length = stream.seek(0, io.SEEK_END) - self._start
+            stream.seek(self._start)
+            yield length, _read_chunks(lambda n: asyncio.to_thread(stream.read, n), length)
         elif isinstance(source, str | os.PathLike):
             async with aiofiles.open(source, "rb") as file:
                 length = os.fstat(file.fileno()).st_size
@@ -607,6 +666,18 @@ class _SourceOpener:
             assert isinstance(source, bytes | bytearray | memoryview)
             view = memoryview(source).cast("B")
             yield len(view), _chunks_of(view)
+
+
+def _spool(stream: IO[bytes]) -> IO[bytes]:
+    """A copy of what ``stream`` still holds, in an anonymous temporary file (in $TMPDIR)
+    that vanishes when it is closed or the process ends."""
+    spool = tempfile.TemporaryFile()  # noqa: SIM115 (the caller closes it)
+    try:
+        shutil.copyfileobj(stream, spool, CHUNK)
+    except BaseException:
+        spool.close()
+        raise
+    return spool
 
 
 def _seekable(stream: Any) -> bool:
@@ -674,7 +745,7 @@ class BlobClient:
 
     def _run(self, make: Callable[[AsyncBlobClient], Coroutine[Any, Any, _T]]) -> _T:
         if self._state is _State.CLOSED:
-            raise RuntimeError("this client is closed")
+            raise ClientClosed("this client is closed")
         with self._lock:
             if self._pid != os.getpid():
                 self._start_loop()
@@ -701,6 +772,7 @@ class BlobClient:
     put = _blocking(AsyncBlobClient.put)
     get = _blocking(AsyncBlobClient.get)
     get_file = _blocking(AsyncBlobClient.get_file)
+    get_into = _blocking(AsyncBlobClient.get_into)
     resume_file = _blocking(AsyncBlobClient.resume_file)
     stat = _blocking(AsyncBlobClient.stat)
     delete = _blocking(AsyncBlobClient.delete)

@@ -16,7 +16,9 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from ._exceptions import InvalidArgument
 
 __all__ = [
     "DEFAULT_CACHE_MAX_BYTES",
@@ -24,6 +26,7 @@ __all__ = [
     "DEFAULT_PORT",
     "ENV_PREFIX",
     "Settings",
+    "parse_address",
     "parse_port_range",
     "parse_size",
 ]
@@ -60,6 +63,24 @@ def parse_port_range(text: str | int) -> range:
     return range(first, last + 1)
 
 
+def parse_address(server: str) -> tuple[str, int]:
+    """``(host, port)`` from ``host:port``, ``[v6 address]:port``, ``host`` (the default
+    port) or ``:port`` (127.0.0.1)."""
+    host, sep, port = server.strip().rpartition(":")
+    if not sep:
+        host, port = server.strip(), str(DEFAULT_PORT)
+    bare_v6 = ":" in host and not host.startswith("[")
+    if bare_v6 or not port.isdigit() or not 0 < int(port) <= 65535:
+        example = f"127.0.0.1:{DEFAULT_PORT}"
+        raise InvalidArgument(f"not a server address: {server!r} (expected host:port, such as {example})")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _parse_server(text: str) -> str:
+    parse_address(text)
+    return text.strip()
+
+
 def _parse_port(text: str | int) -> str:
     parse_port_range(text)
     return str(text).strip()
@@ -76,22 +97,32 @@ def _parse_bool(text: str | bool) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
+_N = TypeVar("_N", int, float)
+
+
+def _number(parse: Callable[[Any], _N], text: Any, what: str) -> _N:
+    try:
+        return parse(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"not {what}: {text!r}") from None
+
+
 def _parse_seconds(text: str | float) -> float:
-    value = float(text)
+    value = _number(float, text, "a number of seconds")
     if not 0 < value < math.inf:  # also refuses nan
         raise ValueError(f"a duration must be a positive number of seconds, not {text!r}")
     return value
 
 
 def _parse_positive(text: str | int) -> int:
-    value = int(text)
+    value = _number(int, text, "a whole number")
     if value < 1:
         raise ValueError(f"must be at least 1: {text!r}")
     return value
 
 
 def _parse_count(text: str | int) -> int:
-    value = int(text)
+    value = _number(int, text, "a whole number")
     if value < 0:
         raise ValueError(f"must not be negative: {text!r}")
     return value
@@ -127,6 +158,13 @@ LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+def _parse_tls_version(text: str | float) -> str:
+    value = str(text).strip()
+    if value not in ("1.2", "1.3"):
+        raise ValueError(f"a TLS version is 1.2 or 1.3, not {text!r}")
+    return value
+
+
 def _default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "blobsvc"
@@ -138,7 +176,7 @@ def _default_cache_dir() -> Path:
 
 
 def _parse_interval(text: str | float) -> float:
-    value = float(text)
+    value = _number(float, text, "a number of seconds")
     if value < 0:
         raise ValueError(f"must not be negative: {text!r}")
     return value
@@ -186,11 +224,30 @@ class Settings:
     )
     log_format: str = _setting("text", _choice(*LOG_FORMATS), "Server log lines: text, or json (one object per line).")
     log_level: str = _setting("info", _choice(*LOG_LEVELS), "Server log level; debug logs one line per request.")
+    tls_cert: Path | None = _setting(
+        None, _optional_path, "PEM certificate chain the server presents; when set, the server speaks only TLS."
+    )
+    tls_key: Path | None = _setting(None, _optional_path, "PEM private key of tls_cert, if not in the same file.")
+    tls_client_ca: Path | None = _setting(
+        None, _optional_path, "CA bundle for client certificates; when set, clients must present one (mutual TLS)."
+    )
+    tls_min_version: str = _setting("1.3", _parse_tls_version, "Oldest TLS version the server accepts: 1.2 or 1.3.")
     # client
-    server: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", str, "host:port of the server the client commands use.")
+    server: str = _setting(
+        f"127.0.0.1:{DEFAULT_PORT}", _parse_server, "host:port of the server the client commands use."
+    )
     connect_timeout: float = _setting(10.0, _parse_seconds, "Seconds to wait for a connection.")
     timeout: float = _setting(60.0, _parse_seconds, "Seconds a client waits for a byte before giving up.")
     retries: int = _setting(3, _parse_count, "Attempts after the first for a failed connection or read.")
+    tls_ca: Path | None = _setting(
+        None,
+        _optional_path,
+        "CA bundle that the server's certificate and host name must match; when set, clients use TLS.",
+    )
+    tls_client_cert: Path | None = _setting(
+        None, _optional_path, "PEM certificate (with its key, or see tls_client_key) a client presents for mutual TLS."
+    )
+    tls_client_key: Path | None = _setting(None, _optional_path, "PEM private key of tls_client_cert, if not in it.")
     # executor cache
     cache_dir: Path = _setting(
         _default_cache_dir,
@@ -218,18 +275,24 @@ class Settings:
         config_file: Path | str | None = None,
     ) -> Settings:
         """Settings from command-line ``overrides`` (None values are ignored), then the
-        environment, then the TOML file, then the defaults."""
+        environment, then the TOML file, then the defaults. A value that cannot be used, or
+        a config file that cannot be read, raises :class:`InvalidArgument` naming it."""
         environ = os.environ if environ is None else environ
         fields = {f.name: f for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {}
         config_file = config_file or environ.get(f"{ENV_PREFIX}CONFIG")
         if config_file:
-            with open(config_file, "rb") as f:
-                table = tomllib.load(f)
+            try:
+                with open(config_file, "rb") as f:
+                    table = tomllib.load(f)
+            except OSError as exc:
+                raise InvalidArgument(f"cannot read config file {config_file}: {exc.strerror or exc}") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise InvalidArgument(f"config file {config_file}: {exc}") from None
             for key, value in table.items():
                 name = key.replace("-", "_")
                 if name not in fields:
-                    raise ValueError(f"{config_file}: unknown setting {key!r}")
+                    raise InvalidArgument(f"{config_file}: unknown setting {key!r}")
                 values[name] = value
         for name in fields:
             env_value = environ.get(ENV_PREFIX + name.upper())
@@ -241,12 +304,39 @@ class Settings:
             try:
                 parsed[name] = fields[name].metadata["parse"](value)
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"setting {name}: {exc}") from None
+                raise InvalidArgument(f"setting {name}: {exc}") from None
         return cls(**parsed)
 
     @staticmethod
     def help(name: str) -> str:
         return str(_FIELDS[name].metadata["help"])
+
+    @staticmethod
+    def parse(name: str, value: Any) -> Any:
+        """``value`` as setting ``name`` holds it; a ValueError says what is wrong."""
+        return _FIELDS[name].metadata["parse"](value)
+
+    @staticmethod
+    def metavar(name: str) -> str:
+        """What a value of setting ``name`` looks like, for ``--help``."""
+        return _METAVARS.get(_FIELDS[name].metadata["parse"], "TEXT")
+
+    @staticmethod
+    def default_text(name: str) -> str:
+        """The default of setting ``name`` as a person would write it."""
+        field = _FIELDS[name]
+        value = field.default
+        if value is dataclasses.MISSING:
+            value = field.default_factory()  # type: ignore[operator]
+        if value is None:
+            return "none"
+        if isinstance(value, bool):
+            return str(value).lower()
+        if field.metadata["parse"] is parse_size:
+            return _size_text(value)
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value)
 
     @property
     def ports(self) -> range:
@@ -258,8 +348,7 @@ class Settings:
 
     @property
     def server_address(self) -> tuple[str, int]:
-        host, _, port = self.server.rpartition(":")
-        return host.strip("[]") or "127.0.0.1", int(port)
+        return parse_address(self.server)
 
     def secret(self) -> bytes | None:
         """The shared secret's bytes (surrounding whitespace dropped), if one is configured.
@@ -268,10 +357,33 @@ class Settings:
         was written must not quietly turn authentication off."""
         if self.secret_file is None:
             return None
-        secret = self.secret_file.read_bytes().strip()
+        try:
+            secret = self.secret_file.read_bytes().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read secret file {self.secret_file}: {exc.strerror or exc}") from None
         if not secret:
-            raise ValueError(f"secret file {self.secret_file} is empty")
+            raise InvalidArgument(f"secret file {self.secret_file} is empty")
         return secret
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+_METAVARS: dict[Callable[[Any], Any], str] = {
+    _parse_seconds: "SECONDS",
+    _parse_interval: "SECONDS",
+    parse_size: "SIZE",
+    _parse_port: "PORT[-PORT]",
+    _parse_positive: "N",
+    _parse_count: "N",
+    _parse_server: "HOST:PORT",
+    _optional_path: "FILE",
+    _parse_bool: "BOOL",
+    _parse_tls_version: "1.2|1.3",
+}
+
+
+def _size_text(size: int) -> str:
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        scale = _UNITS[unit[0].lower()]
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)

@@ -41,9 +41,9 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import h11
 
-from ._exceptions import InternalError, NotFound, TransportError
+from ._exceptions import InternalError, NotFound, RemoteProtocolError, TransportError, WriteTimeout
 from ._ids import JobLike, KeyLike, job_bytes, key_bytes
-from ._netio import SocketStream
+from ._netio import SocketStream, body_deadline, header_deadline
 from ._observe import ABORTED, http_outcome, op_name
 from ._protocol import ContentKey, JobBlob, name_error
 from .storage import BlobStorage, OpenBlob
@@ -59,6 +59,11 @@ log = logging.getLogger("blobsvc.http")
 # bytes; 16 KiB is h11's own default and above nginx's usual 8 KiB.
 MAX_HEADER_BYTES = 16 << 10
 RECV_SIZE = 64 << 10
+_PLAIN_AT_TLS_TEXT = b"this server requires TLS: use https://\n"
+_PLAIN_AT_TLS = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_PLAIN_AT_TLS_TEXT), _PLAIN_AT_TLS_TEXT)
+)
 # Bodies up to this size go out with their headers in one send; sendfile pays off above it.
 INLINE_BODY_LIMIT = 64 << 10
 # Prefixes the string a URL signature covers, so it can never be mistaken for another MAC
@@ -336,14 +341,28 @@ class HttpConnection:
         self.stream = stream
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         self.busy = False  # a request is in hand: shutdown lets it finish
+        self._loop = asyncio.get_running_loop()
+        # Since when it waits for its client; at the limit the longest-waiting connection,
+        # binary or HTTP, makes room for a newcomer (BlobServer._make_room).
+        self.waiting_since = self._loop.time()
+        self._header_deadline: float | None = None  # when the request header being read must be whole
         self._counted = True
         server._live += 1  # HTTP and binary connections share max_connections
+
+    @property
+    def waiting(self) -> bool:
+        return not self.busy
 
     async def run(self) -> None:
         try:
             await self._serve()
         except TransportError as exc:
             log.info("%s: %s", self.stream.peer, exc)
+        except RemoteProtocolError as exc:  # plain HTTP at a TLS port: h11 has not begun
+            log.info("%s: %s", self.stream.peer, exc)
+            with contextlib.suppress(TransportError):
+                await self.stream.send_all(_PLAIN_AT_TLS, self.settings.io_timeout)
+                await self.stream.linger_close()
         except asyncio.CancelledError:
             pass
         except Exception:
@@ -355,10 +374,13 @@ class HttpConnection:
 
     def end(self) -> None:
         """Close the socket and give up the slot; safe to call more than once."""
+        self._stop_counting()
+        self.stream.close()
+
+    def _stop_counting(self) -> None:
         if self._counted:
             self._counted = False
             self.server._live -= 1
-        self.stream.close()
 
     async def _serve(self) -> None:
         first = True
@@ -376,7 +398,7 @@ class HttpConnection:
             self.busy = True
             request = HttpRequest.from_h11(event)
             self.server.requests[op_name(request)] += 1
-            if first and self.server._over_limit():
+            if first and self.server._over_limit() and not self.server._make_room(self):
                 self.server.busy_refusals += 1
                 limit = self.settings.max_connections
                 await self._refuse(text_response(503, f"the server is at its limit of {limit} connections"))
@@ -401,6 +423,7 @@ class HttpConnection:
                 for observe in self.server.observers:  # metrics, request logs
                     observe(request, outcome, sent, time.perf_counter() - began, self.stream)
             self.busy = False
+            self.waiting_since = self._loop.time()
             if close or self.server._closing or self.h11.our_state is not h11.DONE:
                 return
             self.h11.start_next_cycle()
@@ -416,10 +439,14 @@ class HttpConnection:
         while True:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
+                self._header_deadline = None
                 return event
             between_requests = self.h11.their_state is h11.IDLE and not self.h11.trailing_data[0]
             timeout = self.settings.idle_timeout if between_requests else self.settings.io_timeout
-            self.h11.receive_data(await self.stream.recv(RECV_SIZE, timeout))
+            if not between_requests and self._header_deadline is None:
+                self._header_deadline = self._loop.time() + self.settings.io_timeout
+            async with header_deadline(self._header_deadline, self.settings.io_timeout):
+                self.h11.receive_data(await self.stream.recv(RECV_SIZE, timeout))
 
     async def _refuse(self, response: HttpResponse) -> None:
         """Answer and close gracefully, so that a client still sending reads our answer."""
@@ -436,18 +463,19 @@ class HttpConnection:
             start = self.h11.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
             assert start is not None
             io_timeout = self.settings.io_timeout
-            if head or response.status == 304:
-                await self.stream.send_all(start, io_timeout)
-            elif response.file is None:
-                await self.stream.send_all(start + self._data(response.body), io_timeout)
-            else:
-                self._data(cast(bytes, _BodySegment(response.count)))
-                fd, offset, count = response.file.fd, response.offset, response.count
-                if count <= INLINE_BODY_LIMIT:
-                    await self.stream.send_all(start + os.pread(fd, count, offset), io_timeout)
-                else:
+            async with body_deadline(0 if head else response.content_length, io_timeout, WriteTimeout):
+                if head or response.status == 304:
                     await self.stream.send_all(start, io_timeout)
-                    await self.stream.sendfile(fd, offset, count, io_timeout)
+                elif response.file is None:
+                    await self.stream.send_all(start + self._data(response.body), io_timeout)
+                else:
+                    self._data(cast(bytes, _BodySegment(response.count)))
+                    fd, offset, count = response.file.fd, response.offset, response.count
+                    if count <= INLINE_BODY_LIMIT:
+                        await self.stream.send_all(start + os.pread(fd, count, offset), io_timeout)
+                    else:
+                        await self.stream.send_all(start, io_timeout)
+                        await self.stream.sendfile(fd, offset, count, io_timeout)
             self.h11.send(h11.EndOfMessage())
         finally:
             response.close()

@@ -3,9 +3,15 @@
 One task per connection runs the loop *read a frame, act, answer*. What keeps a bad client
 from hurting others:
 
-* at most ``max_connections`` connections; the next one is answered BUSY and closed;
+* at most ``max_connections`` connections. A newcomer at the limit first makes room by
+  closing the connection that has waited longest for its client (idle between requests, or
+  still sending its preamble or a request header); only when every slot holds a request
+  under way is it answered BUSY and closed;
 * ``idle_timeout`` between requests and ``io_timeout`` for any stall inside one, so a silent
-  or stalled peer cannot pin a connection;
+  or stalled peer cannot pin a connection; a whole request header (and the preamble, with
+  the TLS handshake) must arrive within ``io_timeout`` (the header deadline), and a body
+  must move at least ``_netio.MIN_BODY_RATE`` bytes per second on average, so a client trickling
+  a byte at a time cannot pin one either;
 * a PUT longer than ``max_blob_size`` is refused before a byte of its body is read;
 * a rejected or broken upload removes its staging file (``StagedUpload`` is a context
   manager), and storage takes its per-key locks only to link and unlink, never while bytes
@@ -44,13 +50,15 @@ from ._exceptions import (
     BadOffset,
     Busy,
     InternalError,
+    ReadTimeout,
     RemoteProtocolError,
     ServerError,
     TooLarge,
     TransportError,
+    WriteTimeout,
 )
 from ._logs import log_request
-from ._netio import SocketStream
+from ._netio import SocketStream, body_deadline, header_deadline
 from ._observe import ABORTED, RequestObserver, op_name
 from ._protocol import (
     NEED_DATA,
@@ -76,6 +84,7 @@ from ._protocol import (
     StatusOk,
     StatusRequest,
 )
+from ._tls import TlsStream, server_context_for
 from .config import Settings
 from .http import HttpConnection, HttpFace
 from .storage import BlobStorage, RecoveryReport, StagedUpload
@@ -105,6 +114,7 @@ class BlobServer:
         self.settings = settings or Settings()
         self.storage = storage or BlobStorage(self.settings.data_dir, verify_on_start=self.settings.verify_on_start)
         self._secret = self.settings.secret()
+        self._tls = server_context_for(self.settings)
         self._listener: socket.socket | None = None
         self._http_listener: socket.socket | None = None
         self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
@@ -170,10 +180,10 @@ class BlobServer:
             self._accepting.append(asyncio.create_task(self._accept_loop(self._http_listener, self._http_connection)))
 
     def _binary_connection(self, sock: socket.socket) -> _Connection:
-        return _Connection(self, SocketStream(sock))
+        return _Connection(self, self._stream_for(sock))
 
     def _http_connection(self, sock: socket.socket) -> HttpConnection:
-        return HttpConnection(self, SocketStream(sock))
+        return HttpConnection(self, self._stream_for(sock))
 
     async def serve_forever(self) -> None:
         assert self._accepting, "start() first"
@@ -232,6 +242,13 @@ class BlobServer:
             self._connections[task] = connection
             task.add_done_callback(self._connection_ended)
 
+    def _stream_for(self, sock: socket.socket) -> SocketStream:
+        """An accepted socket as a stream: TLS when the server has a certificate (its
+        handshake runs within the first read's timeout, on the connection's own task)."""
+        if self._tls is None:
+            return SocketStream(sock)
+        return TlsStream(sock, self._tls, server_side=True)
+
     def _connection_ended(self, task: asyncio.Task[None]) -> None:
         # Also for a task cancelled before it ran a step (at shutdown), whose own
         # clean-up never ran.
@@ -239,6 +256,23 @@ class BlobServer:
 
     def _over_limit(self) -> bool:
         return self._live > self.settings.max_connections
+
+    def _make_room(self, newcomer: _Connection | HttpConnection) -> bool:
+        """Close the connection that has waited longest for its client, if one is waiting
+        (idle, or sending a preamble or header); a request under way is never cut short."""
+        waiting = [
+            (connection.waiting_since, task)
+            for task, connection in self._connections.items()
+            if connection is not newcomer and connection.waiting and connection._counted
+        ]
+        if not waiting:
+            return False
+        _, task = min(waiting, key=lambda pair: pair[0])
+        victim = self._connections[task]
+        log.info("%s: closed to make room for %s", victim.stream.peer, newcomer.stream.peer)
+        victim._stop_counting()
+        task.cancel()
+        return True
 
     def status(self) -> dict[str, Any]:
         """The server's state for operators: the STATUS request's answer and the metrics'
@@ -353,6 +387,12 @@ class _Connection:
         self.request: ServerEvent | None = None
         self.moved = 0  # body bytes the request in hand has moved, for its observers
         self.authenticated = False
+        self._loop = asyncio.get_running_loop()
+        # Since when the connection waits for its client (idle, or in a header); the oldest
+        # such connection makes room for a newcomer at the limit.
+        self.waiting_since = self._loop.time()
+        # When the preamble or request header being received must be complete by.
+        self._header_deadline: float | None = self.waiting_since + self.settings.io_timeout
         self._counted = True
         server._live += 1
 
@@ -393,7 +433,7 @@ class _Connection:
 
     async def _serve(self) -> None:
         await self._next_event(self.settings.io_timeout)  # the preamble
-        if self.server._over_limit():
+        if self.server._over_limit() and not self.server._make_room(self):
             self.server.busy_refusals += 1
             raise Busy(f"the server is at its limit of {self.settings.max_connections} connections")
         nonce = secrets.token_bytes(32) if self.server._secret is not None else None
@@ -430,6 +470,12 @@ class _Connection:
                     for observe in observers:
                         observe(event, outcome, self.moved, seconds, self.stream)
             self.busy, self.request = False, None
+            self.waiting_since = self._loop.time()
+
+    @property
+    def waiting(self) -> bool:
+        """Waiting for the client between requests or in a header, with nothing under way."""
+        return not self.busy
 
     def _authenticate(self, event: ServerEvent, nonce: bytes | None) -> None:
         if not isinstance(event, AuthRequest):
@@ -469,7 +515,8 @@ class _Connection:
             raise TooLarge(f"{request.length} bytes is over this server's limit of {limit}")
         with self.storage.stage() as upload:
             try:
-                digest = await self._receive_body(upload)
+                async with body_deadline(request.length, self.settings.io_timeout, ReadTimeout):
+                    digest = await self._receive_body(upload)
             finally:
                 self.moved = upload.size
             # Publication fsyncs, which can take milliseconds even for a tiny file: never on the loop.
@@ -512,25 +559,33 @@ class _Connection:
                 raise BadOffset(f"offset {request.offset} is past the end of a {blob.size}-byte blob")
             header = self.parser.send(GetOk(blob.size, blob.digest))
             count = blob.size - request.offset
-            if count <= INLINE_READ_LIMIT:
-                await self.stream.send_all(header + os.pread(blob.fd, count, request.offset), self.settings.io_timeout)
-            else:
-                await self.stream.send_all(header, self.settings.io_timeout)
-                await self.stream.sendfile(blob.fd, request.offset, count, self.settings.io_timeout)
+            async with body_deadline(count, self.settings.io_timeout, WriteTimeout):
+                if count <= INLINE_READ_LIMIT:
+                    data = os.pread(blob.fd, count, request.offset)
+                    await self.stream.send_all(header + data, self.settings.io_timeout)
+                else:
+                    await self.stream.send_all(header, self.settings.io_timeout)
+                    await self.stream.sendfile(blob.fd, request.offset, count, self.settings.io_timeout)
             self.moved = count
 
     async def _next_event(self, timeout: float) -> ServerEvent | Signal:
-        """The next frame, reading as needed; ``timeout`` bounds each wait for bytes."""
+        """The next frame, reading as needed; ``timeout`` bounds each wait for bytes, and a
+        preamble or request header must be whole within ``io_timeout`` of its first byte."""
         while True:
             event = self.parser.next_event()
             if event is not NEED_DATA:
+                self._header_deadline = None
                 return event
             if not self.parser.between_requests:
                 # Part of a frame came with earlier bytes (the preamble, a pipelined request):
                 # the client is mid-request, not idle.
                 timeout = self.settings.io_timeout
+                if self._header_deadline is None and not self.parser.body_remaining:
+                    self._header_deadline = self._loop.time() + timeout
             want = self.parser.body_remaining or RECV_SIZE
-            self.parser.receive_data(await self.stream.recv(min(want, RECV_SIZE), timeout))
+            async with header_deadline(self._header_deadline, self.settings.io_timeout):
+                data = await self.stream.recv(min(want, RECV_SIZE), timeout)
+            self.parser.receive_data(data)
             timeout = self.settings.io_timeout  # a frame has begun: no more idling
 
     async def _send(self, frame: Any) -> None:

@@ -50,10 +50,10 @@ EXPECTED = {
 }
 
 
-def run_quick(module: str, tmp_path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of ``python -m <module> --quick``, which must succeed."""
+def run_quick(module: str, *args: str) -> list[dict[str, Any]]:
+    """The JSON lines of ``python -m MODULE --quick ARGS``, which must exit 0."""
     completed = subprocess.run(
-        [sys.executable, "-m", module, "--quick", "--tmp-dir", str(tmp_path)],
+        [sys.executable, "-m", module, "--quick", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -65,7 +65,7 @@ def run_quick(module: str, tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) -> None:
-    records = run_quick("benchmarks.bench_server", tmp_path)
+    records = run_quick("benchmarks.bench_server", "--tmp-dir", str(tmp_path))
     assert all(isinstance(record, dict) for record in records)
 
     *measurements, summary = records
@@ -89,7 +89,7 @@ def test_quick_benchmark_prints_one_json_object_per_measurement(tmp_path: Path) 
 
 
 def test_quick_metrics_benchmark_measures_both_servers_and_a_ratio(tmp_path: Path) -> None:
-    records = run_quick("benchmarks.bench_metrics", tmp_path)
+    records = run_quick("benchmarks.bench_metrics", "--tmp-dir", str(tmp_path))
     benches = [record.get("bench") for record in records]
     assert benches[0] == "setup" and {"get_4KiB_metrics_off", "get_4KiB_metrics_on", "ratio"} <= set(benches)
     summary = records[-1]["summary"]

@@ -313,11 +313,13 @@ def test_the_binary_port_is_not_the_http_port(face: Http) -> None:
 
 
 def test_connections_over_the_shared_limit_get_503(settings: Settings) -> None:
+    """503 when the one slot holds a transfer under way (an idle connection would make room)."""
     for face in _start(replace(settings, max_connections=1), None):
+        key = face.client.put(bytes(32 << 20))
         held = face.connection()
         try:
-            held.request("GET", "/")
-            held.getresponse().read()  # this connection holds the one slot
+            held.request("GET", f"/blobs/{key}")
+            assert held.getresponse().status == 200  # its body, unread, keeps the server sending
             assert fetch(face.base + "/")[0] == 503
         finally:
             held.close()

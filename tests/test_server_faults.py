@@ -203,6 +203,15 @@ async def wait_for_staging(data_dir: Path, *, size: int = 0) -> None:
             await asyncio.sleep(0.01)
 
 
+async def wait_for_busy(server: BlobServer, count: int) -> None:
+    """Wait until ``count`` connections have a request under way."""
+    for _ in range(1000):
+        if sum(connection.busy for connection in server._connections.values()) >= count:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"fewer than {count} requests under way")
+
+
 async def assert_round_trip(raw: Raw) -> None:
     """A PUT and a GET of fresh bytes work on ``raw``."""
     data = os.urandom(3000)
@@ -511,11 +520,15 @@ async def test_oversize_put_gets_too_large_before_the_body_is_sent(
 
 
 async def test_busy_third_connection_gets_busy_at_its_preamble_and_is_closed(start_server: StartServer) -> None:
+    """BUSY when every slot holds a request under way (here: two PUT bodies half sent)."""
     server = await start_server(max_connections=2)
     first, second = await Raw.connect(server.address), await Raw.connect(server.address)
+    body = b"under way" * 10
     try:
-        assert await first.handshake() is None
-        assert await second.handshake() is None
+        for raw in (first, second):
+            assert await raw.handshake() is None
+            await raw.send(put_header(len(body)) + body[:10])
+        await wait_for_busy(server, 2)
         third = await Raw.connect(server.address)
         try:
             await third.send(HELLO)
@@ -526,6 +539,8 @@ async def test_busy_third_connection_gets_busy_at_its_preamble_and_is_closed(sta
         finally:
             third.close()
         for raw in (first, second):  # the two served connections are unaffected
+            await raw.send(body[10:] + digest(body))
+            assert await raw.put_ok() == digest(body)
             await raw.send(stat_request(content(MISSING_KEY)))
             assert (await raw.error())[0] == NOT_FOUND
     finally:
@@ -551,6 +566,8 @@ async def test_refused_connections_draining_out_do_not_hold_a_slot(start_server:
     server = await start_server(max_connections=1)
     first = await Raw.connect(server.address)
     assert await first.handshake() is None
+    await first.send(put_header(100))  # a request under way: not closed to make room
+    await wait_for_busy(server, 1)
     refused = await Raw.connect(server.address)
     try:
         await refused.send(HELLO)

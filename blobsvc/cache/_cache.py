@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 import threading
 import time
 import uuid
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from .._exceptions import BadOffset, BlobError, DigestMismatch, LocalProtocolError
+from .._exceptions import BadOffset, BlobError, DigestMismatch, InvalidArgument
 from .._ids import JobLike, KeyLike, job_bytes, key_bytes
 from .._protocol import name_error
 from ..client import BlobClient
@@ -72,9 +73,10 @@ class BlobCache:
         connect_timeout: float = 10.0,
         secret: bytes | None = None,
         verify_on_start: bool = True,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if max_bytes <= 0 or cleanup_interval < 0:
-            raise ValueError("max_bytes must be positive and cleanup_interval not negative")
+            raise InvalidArgument("max_bytes must be positive and cleanup_interval not negative")
         self.store = CacheStore(cache_dir)
         self.max_bytes = max_bytes
         self.cleanup_interval = cleanup_interval
@@ -82,7 +84,13 @@ class BlobCache:
         # as the client waits for a byte, since that is the time either side would stall anyway.
         self._room_wait = timeout
         self._client = BlobClient(
-            server, retries=retries, backoff=backoff, timeout=timeout, connect_timeout=connect_timeout, secret=secret
+            server,
+            retries=retries,
+            backoff=backoff,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            secret=secret,
+            tls=tls,
         )
         self._lock = threading.Lock()
         self._leases: dict[str, list[str]] = {}
@@ -123,7 +131,7 @@ class BlobCache:
     def _job_path(self, job: bytes, name: str) -> Path:
         problem = name_error(name.encode("utf-8", "surrogatepass"))
         if problem:  # before the name becomes a path
-            raise LocalProtocolError(problem)
+            raise InvalidArgument(problem)
         job_hex = job.hex()
         found = self.store.find_job_file(job_hex, name)
         if found is not None:
@@ -180,7 +188,7 @@ class BlobCache:
         with self._lock:
             held = self._own_leases().get(job_hex)
             if not held:
-                raise ValueError(f"job {job_hex} is not registered by this process")
+                raise InvalidArgument(f"job {job_hex} is not registered by this process")
             lease = held.pop()
         if self.store.release(job_hex, lease) == 0:
             self._schedule(time.time() + self.cleanup_interval)

@@ -1,0 +1,187 @@
+"""Durability and atomicity, pinned so that removing any of the steps fails a test.
+
+Power loss cannot be shown by a real part in a test: what survives it depends on the order
+in which bytes and names reach the disk. So the storage tests here record the calls that
+matter (``os.write``, ``os.fsync``, ``os.rename``/``os.replace``/``os.link``, ``os.unlink``)
+with the file each one touched, and check their order: a staging file is fsynced before it
+is renamed into ``objects/``, and each directory that gained a name is fsynced after, before
+``publish`` returns. Everything else uses real parts: a real server, a real cut connection,
+bytes that really rot on the server's disk.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blobsvc import AsyncBlobClient, BlobClient, BlobServer, BlobStorage, DigestMismatch
+from blobsvc._protocol import JobBlob
+from blobsvc.cache import BlobCache, TooLargeForCache
+
+from .conftest import CuttingProxy, ServerThread
+from .test_client import flip_byte
+
+JOB = bytes.fromhex("d0000000000000000000000000000001")
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    paths: tuple[str, ...]
+
+
+class CallLog:
+    """The file-system calls storage makes, in order, each with the path(s) it touched."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.calls: list[Call] = []
+
+    def where(self, target: int | str | os.PathLike[str]) -> str:
+        path = os.readlink(f"/proc/self/fd/{target}") if isinstance(target, int) else os.fspath(target)
+        return os.path.relpath(path, self.root)
+
+    def wrap(self, name: str, real: Callable[..., Any], path_args: int) -> Callable[..., Any]:
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(Call(name, tuple(self.where(a) for a in args[:path_args])))
+            return real(*args, **kwargs)
+
+        return recorded
+
+    def index(self, name: str, match: Callable[[tuple[str, ...]], bool]) -> int:
+        found = [i for i, call in enumerate(self.calls) if call.name == name and match(call.paths)]
+        assert found, f"no {name} call matching; calls were {self.calls}"
+        return found[0]
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> BlobStorage:
+    store = BlobStorage(tmp_path / "data")
+    store.recover()
+    return store
+
+
+@pytest.fixture
+def calls(storage: BlobStorage, monkeypatch: pytest.MonkeyPatch) -> Iterator[CallLog]:
+    log = CallLog(storage.layout.root)
+    for name, path_args in (("write", 1), ("fsync", 1), ("rename", 2), ("replace", 2), ("link", 2), ("unlink", 1)):
+        monkeypatch.setattr(os, name, log.wrap(name, getattr(os, name), path_args))
+    yield log
+
+
+def publish(storage: BlobStorage, data: bytes, target: JobBlob | None = None) -> bytes:
+    with storage.stage() as upload:
+        upload.write(data)
+        return storage.publish(upload, target, upload.digest())
+
+
+def test_a_content_blob_is_fsynced_before_its_rename_and_its_directories_after(
+    storage: BlobStorage, calls: CallLog
+) -> None:
+    key = publish(storage, b"durable bytes").hex()
+
+    def staged(paths: tuple[str, ...]) -> bool:
+        return paths[0].startswith("incoming/")
+
+    written = calls.index("write", staged)
+    synced = calls.index("fsync", staged)
+    renamed = calls.index("rename", lambda paths: staged(paths) and paths[1] == f"objects/{key}")
+    objects_synced = calls.index("fsync", lambda paths: paths == ("objects",))
+    linked = calls.index("link", lambda paths: paths == (f"objects/{key}", f"cache/{key}"))
+    cache_synced = calls.index("fsync", lambda paths: paths == ("cache",))
+    assert written < synced < renamed < objects_synced, calls.calls
+    assert renamed < linked < cache_synced, calls.calls
+
+
+def test_a_job_name_is_replaced_in_one_rename_never_unlinked_first(storage: BlobStorage, calls: CallLog) -> None:
+    """A reader must always find the old blob or the new one under the name: the new link is
+    made under a temporary name and renamed over the old, and the job directory is fsynced."""
+    target = JobBlob(JOB, "lib/app.jar")
+    publish(storage, b"version 1", target)
+    path = os.path.relpath(storage.layout.job_blob(JOB, target.name), storage.layout.root)
+    calls.calls.clear()
+    publish(storage, b"version 2", target)
+    assert not [c for c in calls.calls if c.name in ("unlink", "rename") and path in c.paths], calls.calls
+    replaced = calls.index("replace", lambda paths: paths[1] == path)
+    synced = calls.index("fsync", lambda paths: paths == (os.path.dirname(path),))
+    assert replaced < synced
+    with storage.open_blob(target) as blob:
+        assert os.pread(blob.fd, 100, 0) == b"version 2"
+
+
+async def test_get_file_never_shows_a_partial_destination(server: BlobServer, tmp_path: Path) -> None:
+    """The connection is cut mid-body; at that moment the destination must not exist (the
+    bytes so far live under a temporary name), and after the resumed download it is whole."""
+    data = os.urandom(3 << 20)
+    (tmp_path / "out").mkdir()
+    dest = tmp_path / "out" / "app.jar"
+    seen_at_cut: list[bool] = []
+
+    async def look() -> None:
+        seen_at_cut.append(dest.exists())
+
+    async with AsyncBlobClient(server.address) as uploader:
+        key = await uploader.put(data)
+    async with (
+        CuttingProxy(server.address, cuts=1, after=1 << 20, on_cut=look) as address,
+        AsyncBlobClient(address, retries=2, backoff=0.01) as client,
+    ):
+        await client.get_file(dest, key)
+    assert seen_at_cut == [False]
+    assert dest.read_bytes() == data
+    assert os.listdir(dest.parent) == ["app.jar"], "a temporary file was left"
+
+
+async def test_a_failed_get_file_leaves_neither_destination_nor_temporary(server: BlobServer, tmp_path: Path) -> None:
+    async with AsyncBlobClient(server.address, retries=1, backoff=0.01) as client:
+        key = await client.put(os.urandom(300_000))
+        flip_byte(server.storage.layout.object(bytes.fromhex(key)), 200_000)
+        (tmp_path / "out").mkdir()
+        with pytest.raises(DigestMismatch):
+            await client.get_file(tmp_path / "out" / "app.jar", key)
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_a_cache_rejects_bytes_that_rot_on_the_server_and_records_nothing(
+    server_thread: ServerThread, tmp_path: Path
+) -> None:
+    """The server serves rotten bytes under the right digest: the cache must fail and hand
+    out no file (a partial download may stay, to resume), then fetch the blob once it is
+    good again."""
+    data = os.urandom(400_000)
+    with BlobClient(server_thread.address) as client:
+        key = client.put(data)
+    stored = server_thread.server.storage.layout.object(bytes.fromhex(key))
+    flip_byte(stored, 123_456)
+    cache = BlobCache(server_thread.address, tmp_path / "cache", retries=1, backoff=0.01, timeout=5.0)
+    try:
+        with pytest.raises(DigestMismatch):
+            cache.path(key)
+        assert not cache.store.content(key).exists()
+        assert cache.store.lookup(key) is None
+        flip_byte(stored, 123_456)  # healed
+        assert cache.path(key).read_bytes() == data
+    finally:
+        cache.close()
+
+
+def test_a_cache_takes_a_blob_exactly_its_limit_and_refuses_one_byte_more(
+    server_thread: ServerThread, tmp_path: Path
+) -> None:
+    limit = 256 << 10
+    with BlobClient(server_thread.address) as client:
+        exact = client.put(os.urandom(limit))
+        over = client.put(os.urandom(limit + 1))
+    cache = BlobCache(server_thread.address, tmp_path / "cache", max_bytes=limit, retries=0, timeout=5.0)
+    try:
+        assert cache.path(exact).stat().st_size == limit
+        with pytest.raises(TooLargeForCache):
+            cache.path(over)
+        assert cache.check() == []
+    finally:
+        cache.close()
