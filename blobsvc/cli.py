@@ -129,6 +129,12 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("metrics_port")
 @setting_option("log_format", type=click.Choice(LOG_FORMATS, case_sensitive=False))
 @setting_option("log_level", type=click.Choice(LOG_LEVELS, case_sensitive=False))
+@setting_option("recovery_mode", type=click.Choice(["standalone", "zookeeper"], case_sensitive=False))
+@setting_option("zookeeper")
+@setting_option("cluster_id")
+@setting_option("ha_dir")
+@setting_option("zookeeper_session_timeout")
+@setting_option("connect_timeout")
 @click.pass_context
 def serve(ctx: click.Context, /, **options: Any) -> None:
     """Run a blob server until SIGTERM or SIGINT.
@@ -140,7 +146,7 @@ def serve(ctx: click.Context, /, **options: Any) -> None:
     configure_logs(settings.log_level, settings.log_format)
     try:
         _run(_serve(settings))
-    except (OSError, MetricsUnavailable) as exc:
+    except (OSError, MetricsUnavailable, ImportError) as exc:  # ImportError: the ha extra missing
         raise click.ClickException(str(exc)) from None
 
 

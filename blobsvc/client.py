@@ -35,9 +35,12 @@ from ._exceptions import (
     AuthRequired,
     BadOffset,
     Busy,
+    ConnectError,
     ConnectionClosed,
+    ConnectTimeout,
     DigestMismatch,
     LocalProtocolError,
+    NotLeader,
     ReadTimeout,
     RemoteProtocolError,
     ServerError,
@@ -76,6 +79,7 @@ from ._protocol import (
     WholeJob,
 )
 from .config import DEFAULT_PORT
+from .ha.discovery import LeaderResolver, is_zk_url
 
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
 
@@ -221,9 +225,12 @@ class _FileSink:
 
 
 class AsyncBlobClient:
-    """An asyncio client of one blob server.
+    """An asyncio client of one blob server, or of a cluster's leader.
 
-    ``server`` is ``"host:port"`` or a ``(host, port)`` pair. ``timeout`` bounds every wait
+    ``server`` is ``"host:port"``, a ``(host, port)`` pair, or ``"zk://HOST:PORT[,…]/CLUSTER_ID"``:
+    then the leader is looked up in ZooKeeper, and looked up again after NOT_LEADER or a
+    failed connection (waiting up to ``connect_timeout`` for a new leader to be elected),
+    within the same retry budget. ``timeout`` bounds every wait
     for the server (a read that stalls, a reply that does not come); ``retries`` is how many
     more attempts a request gets after a connection failure, a timeout or BUSY, waiting
     ``backoff * 2**n`` seconds (with jitter) between them. Server answers such as NOT_FOUND
@@ -240,7 +247,10 @@ class AsyncBlobClient:
         retries: int = 3,
         backoff: float = 0.1,
     ) -> None:
-        self.host, self.port = _parse_address(server)
+        self._resolver = LeaderResolver(server) if is_zk_url(server) else None
+        self._located = self._resolver is None
+        self._avoid: str | None = None  # a server that failed: wait for the leader node to name another
+        self.host, self.port = _parse_address(server) if self._resolver is None else ("", 0)
         self.secret = secret
         self.connect_timeout = connect_timeout
         self.timeout = timeout
@@ -251,6 +261,8 @@ class AsyncBlobClient:
 
     @property
     def server(self) -> str:
+        if self._resolver is not None:
+            return f"{self._resolver.url} (leader {self.host}:{self.port})" if self.host else self._resolver.url
         return f"{self.host}:{self.port}"
 
     async def __aenter__(self) -> AsyncBlobClient:
@@ -426,18 +438,38 @@ class AsyncBlobClient:
         tries = 1 + (self.retries if retry else 0)
         for number in range(tries):
             try:
+                await self._locate()
                 channel = await self._acquire(timeout)
                 try:
                     result = await attempt(channel)
                 finally:
                     self._release(channel)
                 return result
-            except (TransportError, Busy) as exc:
+            except (TransportError, Busy, NotLeader) as exc:
+                if isinstance(exc, NotLeader) and self._resolver is None:
+                    raise
                 if number + 1 == tries:
                     raise type(exc)(f"{exc} (server {self.server}, {tries} attempt(s))") from exc
+                self._lose_leader(exc)
             delay = min(MAX_BACKOFF, self.backoff * 2**number) * random.uniform(0.5, 1.5)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    async def _locate(self) -> None:
+        """With a ``zk://`` URL, find the leader if the last one failed (or at first use)."""
+        if self._located or self._resolver is None:
+            return
+        self.host, self.port = await asyncio.to_thread(self._resolver.leader, self._avoid, self.connect_timeout)
+        self._located, self._avoid = True, None
+
+    def _lose_leader(self, exc: BaseException) -> None:
+        if self._resolver is None or isinstance(exc, Busy):
+            return
+        if isinstance(exc, NotLeader | ConnectError | ConnectTimeout):
+            self._avoid = f"{self.host}:{self.port}"  # not a (live) leader: wait for another
+        self._located = False
+        while self._idle:
+            self._idle.pop().close()
 
     async def _acquire(self, timeout: float) -> _Channel:
         while self._idle:

@@ -97,6 +97,13 @@ def _parse_count(text: str | int) -> int:
     return value
 
 
+def _parse_recovery_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in {"standalone", "zookeeper"}:
+        raise ValueError(f"not a recovery mode: {text!r} (standalone or zookeeper)")
+    return mode
+
+
 def _optional_path(text: str | Path | None) -> Path | None:
     return Path(text).expanduser() if text else None
 
@@ -186,8 +193,24 @@ class Settings:
     )
     log_format: str = _setting("text", _choice(*LOG_FORMATS), "Server log lines: text, or json (one object per line).")
     log_level: str = _setting("info", _choice(*LOG_LEVELS), "Server log level; debug logs one line per request.")
+    # high availability
+    recovery_mode: str = _setting(
+        "standalone", _parse_recovery_mode, "standalone (local disk only) or zookeeper (leader election, HA store)."
+    )
+    zookeeper: str = _setting("", str, "ZooKeeper ensemble, HOST:PORT[,HOST:PORT…], in recovery mode zookeeper.")
+    cluster_id: str = _setting("default", str, "Which cluster of servers this is, in ZooKeeper and in the HA store.")
+    ha_dir: str = _setting(
+        "", str, "HA blob store shared by the cluster: a directory or an fsspec URL (file://, s3://, …)."
+    )
+    zookeeper_session_timeout: float = _setting(
+        10.0, _parse_seconds, "Seconds a server's ZooKeeper session outlives a lost connection; bounds failover time."
+    )
     # client
-    server: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", str, "host:port of the server the client commands use.")
+    server: str = _setting(
+        f"127.0.0.1:{DEFAULT_PORT}",
+        str,
+        "host:port of the server the client commands use, or zk://HOST:PORT[,…]/CLUSTER_ID to follow a leader.",
+    )
     connect_timeout: float = _setting(10.0, _parse_seconds, "Seconds to wait for a connection.")
     timeout: float = _setting(60.0, _parse_seconds, "Seconds a client waits for a byte before giving up.")
     retries: int = _setting(3, _parse_count, "Attempts after the first for a failed connection or read.")

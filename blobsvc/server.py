@@ -44,6 +44,7 @@ from ._exceptions import (
     BadOffset,
     Busy,
     InternalError,
+    NotFound,
     RemoteProtocolError,
     ServerError,
     TooLarge,
@@ -56,12 +57,14 @@ from ._protocol import (
     NEED_DATA,
     AuthOk,
     AuthRequest,
+    ContentKey,
     Data,
     DeleteOk,
     DeleteRequest,
     ErrorFrame,
     GetOk,
     GetRequest,
+    JobBlob,
     ListOk,
     ListRequest,
     PutOk,
@@ -77,8 +80,9 @@ from ._protocol import (
     StatusRequest,
 )
 from .config import Settings
+from .ha import HighAvailability, high_availability
 from .http import HttpConnection, HttpFace
-from .storage import BlobStorage, RecoveryReport, StagedUpload
+from .storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -101,9 +105,17 @@ class BlobServer:
     the block ends; ``server.address`` is the bound ``(host, port)``.
     """
 
-    def __init__(self, settings: Settings | None = None, *, storage: BlobStorage | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        storage: BlobStorage | None = None,
+        ha: HighAvailability | None = None,
+    ) -> None:
         self.settings = settings or Settings()
         self.storage = storage or BlobStorage(self.settings.data_dir, verify_on_start=self.settings.verify_on_start)
+        self.ha = ha or high_availability(self.settings)
+        """The recovery mode: asked before serving, storing, acknowledging, and for missing blobs."""
         self._secret = self.settings.secret()
         self._listener: socket.socket | None = None
         self._http_listener: socket.socket | None = None
@@ -164,6 +176,11 @@ class BlobServer:
             except BaseException:
                 self._listener.close()
                 raise
+        try:
+            await self.ha.start(self.address, self.storage)
+        except BaseException:
+            self._listener.close()
+            raise
         self._accepting.append(asyncio.create_task(self._accept_loop(self._listener, self._binary_connection)))
         if self.settings.http_ports is not None:
             self._http_listener = _bind(self.settings.host, self.settings.http_ports)
@@ -192,6 +209,8 @@ class BlobServer:
         (``shutdown_timeout`` by default), cancel what is left."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
         self._closing = True
+        # Step down first: clients move on to the next leader while we finish.
+        await self.ha.stop()
         for accepting in self._accepting:
             accepting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -442,18 +461,22 @@ class _Connection:
 
     async def _dispatch(self, event: ServerEvent) -> None:
         self.server.requests[op_name(event)] += 1
+        if not isinstance(event, AuthRequest | StatusRequest):  # a standby still tells its status
+            self.server.ha.check()
         match event:
             case PutRequest():
                 await self._put(event)
             case GetRequest():
                 await self._get(event)
             case StatRequest(target):
-                size, digest = self.storage.stat(target)
-                await self._send(StatOk(size, digest))
+                with await self._open(target) as blob:
+                    await self._send(StatOk(blob.size, blob.digest))
             case DeleteRequest(target):
+                await self.server.ha.delete(target)  # the HA copy first: a lazy recovery must not revive it
                 await asyncio.to_thread(self.storage.delete, target)
                 await self._send(DeleteOk())
             case ListRequest(job):
+                await self.server.ha.recover_job(job)
                 entries = await asyncio.to_thread(self.storage.list_job, job)
                 await self._send(ListOk(tuple(entries)))
             case AuthRequest():  # already authenticated, or no secret configured
@@ -472,8 +495,10 @@ class _Connection:
                 digest = await self._receive_body(upload)
             finally:
                 self.moved = upload.size
+            await _finish(self.server.ha.store(upload, request.target, digest))
             # Publication fsyncs, which can take milliseconds even for a tiny file: never on the loop.
             key = await _finish(asyncio.to_thread(self.storage.publish, upload, request.target, digest))
+        await self.server.ha.acknowledge()
         await self._send(PutOk(key))
 
     async def _receive_body(self, upload: StagedUpload) -> bytes:
@@ -506,8 +531,17 @@ class _Connection:
                 if not writing.cancelled():
                     writing.exception()
 
+    async def _open(self, target: ContentKey | JobBlob) -> OpenBlob:
+        """A blob from local disk or, when this server lacks it, lazily from the HA store."""
+        try:
+            return self.storage.open_blob(target)
+        except NotFound:
+            if not await self.server.ha.recover(target):
+                raise
+        return self.storage.open_blob(target)
+
     async def _get(self, request: GetRequest) -> None:
-        with self.storage.open_blob(request.target) as blob:
+        with await self._open(request.target) as blob:
             if request.offset > blob.size:
                 raise BadOffset(f"offset {request.offset} is past the end of a {blob.size}-byte blob")
             header = self.parser.send(GetOk(blob.size, blob.digest))
