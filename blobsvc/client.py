@@ -465,8 +465,10 @@ class AsyncBlobClient:
     def _lose_leader(self, exc: BaseException) -> None:
         if self._resolver is None or isinstance(exc, Busy):
             return
-        if isinstance(exc, NotLeader | ConnectError | ConnectTimeout):
-            self._avoid = f"{self.host}:{self.port}"  # not a (live) leader: wait for another
+        if isinstance(exc, ConnectError | ConnectTimeout):
+            # Nobody listens there: a dead leader whose node lingers until its session
+            # expires. (A NOT_LEADER is only read again: a suspended leader may come back.)
+            self._avoid = f"{self.host}:{self.port}"
         self._located = False
         while self._idle:
             self._idle.pop().close()

@@ -6,6 +6,7 @@ client opens the same session id and password, then closes it)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import secrets
 import threading
@@ -18,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
 
-from blobsvc import BlobClient, DigestMismatch, NotFound, NotLeader, Settings, new_job_id
+from blobsvc import BlobCache, BlobClient, DigestMismatch, NotFound, NotLeader, Settings, new_job_id
 from blobsvc.cli import main
 from blobsvc.ha.discovery import ZkPaths
 
@@ -32,7 +33,6 @@ pytestmark = pytest.mark.timeout(180)
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeper]:
     running = ZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
     yield running
-    running.resume()  # in case a test paused it and failed before resuming
     running.stop()
 
 
@@ -126,11 +126,17 @@ def test_failover_serves_every_acknowledged_blob_through_the_new_leader(
         if isinstance(outcome[0], str):
             assert client.get(in_flight_key) == in_flight.getvalue()
         else:
-            try:
-                assert client.get(in_flight_key) == in_flight.getvalue()  # complete, though unacknowledged
-            except NotFound:
-                pass  # or absent: never partial
+            with contextlib.suppress(NotFound):  # absent, or complete though unacknowledged: never partial
+                assert client.get(in_flight_key) == in_flight.getvalue()
         assert client.put(b"written after the failover")
+
+    cli = CliRunner().invoke(main, ["stat", next(iter(contents)), "-s", url])
+    assert cli.exit_code == 0, cli.output
+    cache = BlobCache(url, tmp_path / "cache")
+    try:
+        assert cache.path(job, "part-0").read_bytes() == named["part-0"]
+    finally:
+        cache.close()
 
     servers.append(HaServer(zookeeper.hosts, ha_dir, tmp_path / "a", cluster_id="failover"))
     with _client(servers[2].address, retries=0) as direct, pytest.raises(NotLeader, match=standby.address):
@@ -211,6 +217,16 @@ def test_a_leader_that_misses_a_newer_epoch_never_acknowledges(zookeeper: ZooKee
     try:
         with _client(leader.address, retries=0) as direct:
             direct.put(b"acknowledged under our epoch")
+            status = leader.server.ha.status()
+            assert status | {"leader": None} == {
+                "mode": "zookeeper",
+                "role": "leader",
+                "leader": None,
+                "cluster_id": "fencing",
+                "zookeeper": zookeeper.hosts,
+                "ha_store": f"{tmp_path / 'ha'}/fencing",
+                "ha_blobs": 1,
+            }
             zk.set(ZkPaths("fencing").epoch, b"another server")
             with pytest.raises(NotLeader, match="confirm"):
                 direct.put(b"never acknowledged")
@@ -277,8 +293,10 @@ def test_zookeeper_mode_without_the_ha_extra_names_it(monkeypatch: pytest.Monkey
     monkeypatch.setitem(__import__("sys").modules, "kazoo", None)
     result = CliRunner().invoke(
         main,
-        ["serve", "--port", "0", "--data-dir", str(tmp_path), "--recovery-mode", "zookeeper"]
-        + ["--zookeeper", "127.0.0.1:1", "--ha-dir", str(tmp_path / "ha")],
+        [
+            *("serve", "--port", "0", "--data-dir", str(tmp_path), "--recovery-mode", "zookeeper"),
+            *("--zookeeper", "127.0.0.1:1", "--ha-dir", str(tmp_path / "ha")),
+        ],
     )
     assert result.exit_code == 1
     assert "pip install blobsvc[ha]" in result.output
@@ -286,6 +304,7 @@ def test_zookeeper_mode_without_the_ha_extra_names_it(monkeypatch: pytest.Monkey
 
 
 def test_zookeeper_mode_without_an_ensemble_is_a_usage_error(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["serve", "--port", "0", "--data-dir", str(tmp_path), "--recovery-mode", "zookeeper"])
+    args = ["serve", "--port", "0", "--data-dir", str(tmp_path), "--recovery-mode", "zookeeper"]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
     assert "--zookeeper" in result.output

@@ -5,7 +5,6 @@ started here are ever stopped, by their PIDs, and every wait is bounded."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,9 +26,7 @@ class ZooKeeper:
         self.hosts = ""
 
     def _script(self, *args: str) -> str:
-        done = subprocess.run(
-            [str(SCRIPT), *args], capture_output=True, text=True, timeout=START_TIMEOUT, check=False
-        )
+        done = subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=START_TIMEOUT, check=False)
         if done.returncode:
             raise RuntimeError(f"scripts/zookeeper {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout.strip()
@@ -56,14 +53,6 @@ class ZooKeeper:
 
     def pids(self) -> list[int]:
         return [int(p.read_text()) for p in sorted(self.directory.glob("node*/pid"))]
-
-    def pause(self) -> None:
-        for pid in self.pids():
-            os.kill(pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        for pid in self.pids():
-            os.kill(pid, signal.SIGCONT)
 
 
 class HaServer:

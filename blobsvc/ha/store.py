@@ -157,8 +157,16 @@ class _LocalFiles:
             shutil.copyfile(source, temp)
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        with self._replacing(path) as temp:
-            temp.write_bytes(data)
+        if data:
+            with self._replacing(path) as temp:
+                temp.write_bytes(data)
+            return
+        # An empty marker has no bytes to lose: creating it is atomic, its directory entry
+        # is all that needs syncing.
+        final = self._path(path)
+        self._make_dirs(final.parent)
+        final.touch()
+        _fsync_dir(final.parent)
 
     def chunks(self, path: str) -> Iterator[bytes]:
         with open(self._path(path), "rb") as f:
