@@ -12,7 +12,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from blobsvc import BlobStorage, DigestMismatch
+from blobsvc import BlobStorage, DigestMismatch, NotLeader
 from blobsvc._protocol import ContentKey, JobBlob, WholeJob
 from blobsvc.ha import FileSystemBlobStore, open_blob_store
 
@@ -153,3 +153,14 @@ def test_fetching_into_local_storage_publishes_a_verified_blob(tmp_path: Path) -
         assert fetched == key
         storage.publish(upload, JobBlob(JOB, "n"), fetched)
     assert storage.stat(JobBlob(JOB, "n")) == (10, key)
+
+
+def test_a_name_written_by_a_newer_leader_is_not_overwritten_by_an_older_one(
+    store: FileSystemBlobStore, tmp_path: Path
+) -> None:
+    new, new_key = _source(tmp_path, b"from the new leader")
+    old, old_key = _source(tmp_path, b"from a deposed leader")
+    store.put(new, new_key, JobBlob(JOB, "model"), epoch=5)
+    with pytest.raises(NotLeader, match="newer leader"):
+        store.put(old, old_key, JobBlob(JOB, "model"), epoch=4)
+    assert _fetch(store, JobBlob(JOB, "model")) == (new_key, b"from the new leader")

@@ -149,7 +149,7 @@ class ZooKeeperHA:
     async def store(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> None:
         if upload.digest() != digest:
             return  # publication refuses it, with the precise error
-        await asyncio.to_thread(self.blobs.put, upload.path, digest, target)
+        await asyncio.to_thread(self.blobs.put, upload.path, digest, target, self._election.token or 0)
 
     async def acknowledge(self) -> None:
         fenced = await asyncio.to_thread(self._election.fence, self.settings.zookeeper_session_timeout)

@@ -11,7 +11,8 @@ Layout under ``<root>`` (one root per cluster id)::
     objects/<k[:2]>/<k>            the bytes of content key k, written once however many names share it
     refs/<k>/content               k has its content-addressed name
     refs/<k>/<job>-<h>             job <job> names k under the name whose BLAKE3 is h
-    jobs/<job>/<h>                 "<k>\\n<name>": which key job <job> has under that name
+    jobs/<job>/<h>                 "<k>\\n<epoch>\\n<name>": the key job <job> has under that name,
+                                   and the epoch of the leader that wrote it
     corrupt/<k>-<time>             a copy a read found damaged, moved aside for an operator
 
 Writes go object, then ref, then name record, and deletes the other way round, so a crash
@@ -34,11 +35,11 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import blake3
 
-from .._exceptions import DigestMismatch, NotFound
+from .._exceptions import DigestMismatch, NotFound, NotLeader
 from .._protocol import KEY_SIZE, ContentKey, JobBlob, WholeJob
 from ..storage import _fsync_dir, _LockTable
 
@@ -55,9 +56,11 @@ class BlobStore(Protocol):
 
     location: str
 
-    def put(self, source: Path, key: bytes, target: JobBlob | None) -> None:
+    def put(self, source: Path, key: bytes, target: JobBlob | None, epoch: int = 0) -> None:
         """Make the bytes at ``source`` (which hash to ``key``) durable under ``target``
-        (content-addressed when None). Returns only once the copy is durable."""
+        (content-addressed when None). Returns only once the copy is durable. A job name
+        written under a newer ``epoch`` (the leader's fencing token) is not overwritten:
+        :class:`NotLeader` instead."""
 
     def fetch(self, target: ContentKey | JobBlob, write: Writer) -> bytes | None:
         """Feed the blob's bytes to ``write`` and return its key, or None when the store has
@@ -82,7 +85,7 @@ class VoidBlobStore:
 
     location = ""
 
-    def put(self, source: Path, key: bytes, target: JobBlob | None) -> None:
+    def put(self, source: Path, key: bytes, target: JobBlob | None, epoch: int = 0) -> None:
         pass
 
     def fetch(self, target: ContentKey | JobBlob, write: Writer) -> bytes | None:
@@ -266,6 +269,14 @@ class _FsspecFiles:
         self.fs.mv(self._path(path), full)
 
 
+class _Record(NamedTuple):
+    """A job name record: the key it names, the epoch of the leader that wrote it, the name."""
+
+    key: bytes
+    epoch: int
+    name: str
+
+
 def _name_hash(name: str) -> str:
     return str(blake3.blake3(name.encode("utf-8")).hexdigest())
 
@@ -299,7 +310,7 @@ class FileSystemBlobStore:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def put(self, source: Path, key: bytes, target: JobBlob | None) -> None:
+    def put(self, source: Path, key: bytes, target: JobBlob | None, epoch: int = 0) -> None:
         k = key.hex()
         with self._keys.hold(key):
             # An object of the wrong size is the debris of a write that never finished.
@@ -311,32 +322,36 @@ class FileSystemBlobStore:
         with self._jobs.hold(target.job):
             record = self._record(target.job, _name_hash(target.name))
             replaced = self._read_record(record)
-            self.files.write_bytes(record, f"{k}\n{target.name}".encode())
-        if replaced is not None and replaced != key:
-            self._unref(replaced, self._ref(target))
+            if replaced is not None and replaced.epoch > epoch:
+                # A deposed leader finishing a slow write: the newer leader's name stands.
+                raise NotLeader(f"a newer leader (epoch {replaced.epoch}) wrote this name; not overwritten")
+            self.files.write_bytes(record, f"{k}\n{epoch}\n{target.name}".encode())
+        if replaced is not None and replaced.key != key:
+            self._unref(replaced.key, self._ref(target))
 
     # --- reading ----------------------------------------------------------------------------
 
-    def _read_record(self, record: str) -> bytes | None:
-        """The key a name record holds; None when there is no record."""
+    def _read_record(self, record: str) -> _Record | None:
+        """What a name record holds; None when there is no record."""
         try:
-            text = b"".join(self.files.chunks(record)).decode("utf-8")
+            text = b"".join(self.files.chunks(record)).decode("utf-8", "replace")
         except FileNotFoundError:
             return None
-        key_hex, sep, _ = text.partition("\n")
         try:
-            key = bytes.fromhex(key_hex)
+            key_hex, epoch, name = text.split("\n", 2)
+            parsed = _Record(bytes.fromhex(key_hex), int(epoch), name)
         except ValueError:
-            key = b""
-        if not sep or len(key) != KEY_SIZE:
+            parsed = None
+        if parsed is None or len(parsed.key) != KEY_SIZE:
             raise DigestMismatch(f"the HA store's name record {self.location}/{record} is damaged; not served")
-        return key
+        return parsed
 
     def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
         if isinstance(target, ContentKey):
             k = target.key.hex()
             return target.key if self.files.size(f"refs/{k}/{_CONTENT_REF}") is not None else None
-        return self._read_record(self._record(target.job, _name_hash(target.name)))
+        record = self._read_record(self._record(target.job, _name_hash(target.name)))
+        return None if record is None else record.key
 
     def fetch(self, target: ContentKey | JobBlob, write: Writer) -> bytes | None:
         key = self.key_of(target)
@@ -363,9 +378,10 @@ class FileSystemBlobStore:
     def names(self, job: bytes) -> list[str]:
         found = []
         for name_hash in self.files.listdir(f"jobs/{job.hex()}"):
-            with contextlib.suppress(FileNotFoundError):
-                text = b"".join(self.files.chunks(self._record(job, name_hash))).decode("utf-8", "replace")
-                found.append(text.partition("\n")[2])
+            with contextlib.suppress(DigestMismatch):  # a damaged record names nothing
+                record = self._read_record(self._record(job, name_hash))
+                if record is not None:
+                    found.append(record.name)
         return found
 
     def count(self) -> int:
@@ -383,12 +399,12 @@ class FileSystemBlobStore:
             for name_hash in hashes:
                 record = self._record(job, name_hash)
                 try:
-                    key = self._read_record(record)
+                    held = self._read_record(record)
                 except DigestMismatch:
-                    key = None  # a damaged record names nothing we could collect
+                    held = None  # a damaged record names nothing we could collect
                 self.files.remove(record)
-                if key is not None:
-                    self._unref(key, f"{job.hex()}-{name_hash}")
+                if held is not None:
+                    self._unref(held.key, f"{job.hex()}-{name_hash}")
             self.files.remove(f"jobs/{job.hex()}")
 
     def _unref(self, key: bytes, ref: str) -> None:
