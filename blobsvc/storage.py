@@ -65,6 +65,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(directory: Path) -> None:
+    """``mkdir -p`` that also fsyncs each parent, so the new directories survive a crash."""
+    if directory.is_dir():
+        return
+    make_dirs(directory.parent)
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir()
+    _fsync_dir(directory.parent)
+
+
 def _remove(path: Path) -> None:
     """Remove a file or a tree; what is already gone is fine (another thread won the race)."""
     try:
@@ -275,7 +285,7 @@ class BlobStorage:
         """Link the object under the job name, atomically replacing an older blob of that
         name; returns the replaced blob's key."""
         path = self.layout.job_blob(target.job, target.name)
-        self._make_dirs(path.parent)
+        make_dirs(path.parent)
         temp = path.parent / f".link-{secrets.token_hex(8)}"
         os.link(self.layout.object(key), temp)
         try:
@@ -286,14 +296,6 @@ class BlobStorage:
             raise
         _fsync_dir(path.parent)
         return replaced
-
-    def _make_dirs(self, directory: Path) -> None:
-        if directory.is_dir():
-            return
-        self._make_dirs(directory.parent)
-        with contextlib.suppress(FileExistsError):
-            directory.mkdir()
-        _fsync_dir(directory.parent)
 
     # --- reading ---------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ import blake3
 
 from .._exceptions import DigestMismatch, NotFound, NotLeader
 from .._protocol import KEY_SIZE, ContentKey, JobBlob, WholeJob
-from ..storage import _fsync_dir, _LockTable
+from ..storage import _fsync_dir, _LockTable, make_dirs
 
 __all__ = ["BlobStore", "FileSystemBlobStore", "VoidBlobStore", "open_blob_store"]
 
@@ -128,19 +128,11 @@ class _LocalFiles:
     def _path(self, path: str) -> Path:
         return self.root / path
 
-    def _make_dirs(self, directory: Path) -> None:
-        if directory.is_dir():
-            return
-        self._make_dirs(directory.parent)
-        with contextlib.suppress(FileExistsError):
-            directory.mkdir()
-        _fsync_dir(directory.parent)
-
     @contextlib.contextmanager
     def _replacing(self, path: str) -> Iterator[Path]:
         """A temporary file to fill; on success it is synced and renamed to ``path``."""
         final = self._path(path)
-        self._make_dirs(final.parent)
+        make_dirs(final.parent)
         temp = final.parent / f".tmp-{secrets.token_hex(8)}"
         try:
             yield temp
@@ -167,7 +159,7 @@ class _LocalFiles:
         # An empty marker has no bytes to lose: creating it is atomic, its directory entry
         # is all that needs syncing.
         final = self._path(path)
-        self._make_dirs(final.parent)
+        make_dirs(final.parent)
         final.touch()
         _fsync_dir(final.parent)
 
@@ -201,7 +193,7 @@ class _LocalFiles:
 
     def move(self, path: str, new_path: str) -> None:
         final = self._path(new_path)
-        self._make_dirs(final.parent)
+        make_dirs(final.parent)
         os.replace(self._path(path), final)
         _fsync_dir(final.parent)
 
