@@ -119,30 +119,26 @@ class LeaderResolver:
             key = (os.getpid(), self.hosts)
             client = _clients.get(key)
             if client is None:
-                # Short sessions: a client only reads, and a dead one should not linger.
                 client = connect_zookeeper(self.hosts, session_timeout=10.0, timeout=timeout)
                 _clients[key] = client
             return client
 
     def leader(self, avoid: str | None, timeout: float) -> tuple[str, int]:
-        """The leader's ``(host, port)``. With ``avoid`` (a server that just failed or said it
-        is not the leader), wait up to ``timeout`` for the leader node to name another."""
-        from kazoo.exceptions import KazooException, NoNodeError
-
+        """The leader's ``(host, port)``. With ``avoid`` (a server that could not be reached),
+        wait up to ``timeout`` for the leader node to name another."""
         deadline = time.monotonic() + timeout
         client = self._client(timeout)
         while True:
             changed = threading.Event()
-            named: str | None = None
-            failed = False
+            left = max(0.0, deadline - time.monotonic())
             try:
-                data, _ = client.get(self.paths.leader, watch=_setter(changed))
-                named = data.decode() or None
-            except NoNodeError:
-                if client.exists(self.paths.leader, watch=_setter(changed)):
-                    continue  # created between the two calls
-            except KazooException:
-                failed = True  # suspended: ask again shortly, until the deadline
+                # exists() sets a watch whether or not the node is there; a request made while
+                # disconnected waits for the connection, hence the bound on each.
+                stat = client.exists_async(self.paths.leader, watch=_setter(changed)).get(timeout=left)
+                data = client.get_async(self.paths.leader).get(timeout=left)[0] if stat else b""
+                named, failed = data.decode() or None, False
+            except Exception:  # NoNodeError in between, a lost connection, a timeout
+                named, failed = None, True
             if named is not None and named != avoid:
                 return _split(named)
             left = deadline - time.monotonic()
@@ -151,7 +147,7 @@ class LeaderResolver:
                     return _split(named)  # the failure was not a failover after all
                 raise ConnectError(f"no leader for cluster {self.paths.cluster_id!r} at {self.hosts}")
             if failed:
-                time.sleep(min(left, 0.2))
+                time.sleep(min(left, 0.1))
             else:
                 changed.wait(left)
 
