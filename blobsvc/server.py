@@ -121,7 +121,7 @@ class BlobServer:
         self._http_listener: socket.socket | None = None
         self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
         self._connections: dict[asyncio.Task[None], _Connection | HttpConnection] = {}
-        self.http = HttpFace(self.storage, self._secret)
+        self.http = HttpFace(self.storage, self._secret, self.open_blob)
         """The HTTP face's routes (on when ``http_port`` is set); see :mod:`blobsvc.http`."""
         # Connections that count against max_connections: every accepted one until it ends
         # or starts its lingering close, so refused clients draining out cannot crowd out others.
@@ -191,6 +191,17 @@ class BlobServer:
 
     def _http_connection(self, sock: socket.socket) -> HttpConnection:
         return HttpConnection(self, SocketStream(sock))
+
+    async def open_blob(self, target: ContentKey | JobBlob) -> OpenBlob:
+        """A blob from local disk or, when this server lacks it, lazily from the HA store;
+        NOT_LEADER on a standby."""
+        self.ha.check()
+        try:
+            return self.storage.open_blob(target)
+        except NotFound:
+            if not await self.ha.recover(target):
+                raise
+        return self.storage.open_blob(target)
 
     async def serve_forever(self) -> None:
         assert self._accepting, "start() first"
@@ -469,7 +480,7 @@ class _Connection:
             case GetRequest():
                 await self._get(event)
             case StatRequest(target):
-                with await self._open(target) as blob:
+                with await self.server.open_blob(target) as blob:
                     await self._send(StatOk(blob.size, blob.digest))
             case DeleteRequest(target):
                 await self.server.ha.delete(target)  # the HA copy first: a lazy recovery must not revive it
@@ -531,17 +542,8 @@ class _Connection:
                 if not writing.cancelled():
                     writing.exception()
 
-    async def _open(self, target: ContentKey | JobBlob) -> OpenBlob:
-        """A blob from local disk or, when this server lacks it, lazily from the HA store."""
-        try:
-            return self.storage.open_blob(target)
-        except NotFound:
-            if not await self.server.ha.recover(target):
-                raise
-        return self.storage.open_blob(target)
-
     async def _get(self, request: GetRequest) -> None:
-        with await self._open(request.target) as blob:
+        with await self.server.open_blob(request.target) as blob:
             if request.offset > blob.size:
                 raise BadOffset(f"offset {request.offset} is past the end of a {blob.size}-byte blob")
             header = self.parser.send(GetOk(blob.size, blob.digest))
