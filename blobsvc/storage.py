@@ -285,7 +285,7 @@ class BlobStorage:
         """Link the object under the job name, atomically replacing an older blob of that
         name; returns the replaced blob's key."""
         path = self.layout.job_blob(target.job, target.name)
-        make_dirs(path.parent)
+        self._make_dirs(path.parent)
         temp = path.parent / f".link-{secrets.token_hex(8)}"
         os.link(self.layout.object(key), temp)
         try:
@@ -296,6 +296,9 @@ class BlobStorage:
             raise
         _fsync_dir(path.parent)
         return replaced
+
+    def _make_dirs(self, directory: Path) -> None:
+        make_dirs(directory)
 
     # --- reading ---------------------------------------------------------------------------
 
