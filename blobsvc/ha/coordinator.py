@@ -24,6 +24,7 @@ import asyncio
 import logging
 import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .._exceptions import NotLeader
@@ -92,6 +93,7 @@ class ZooKeeperHA:
         self._client: Any = None
         self._election: Any = None
         self._storage: BlobStorage | None = None
+        self._fence = _SharedCheck(lambda: self._election.fence(settings.zookeeper_session_timeout))
 
     async def start(self, address: tuple[str, int], storage: BlobStorage) -> None:
         from .leader import LeaderElection
@@ -152,8 +154,7 @@ class ZooKeeperHA:
         await asyncio.to_thread(self.blobs.put, upload.path, digest, target, self._election.token or 0)
 
     async def acknowledge(self) -> None:
-        fenced = await asyncio.to_thread(self._election.fence, self.settings.zookeeper_session_timeout)
-        if not fenced:
+        if not await self._fence.confirm():
             raise NotLeader("this server could not confirm its leadership with ZooKeeper; nothing acknowledged")
 
     async def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
@@ -218,6 +219,36 @@ class ZooKeeperHA:
                     dropped += 1
         if dropped:
             log.warning("dropped %d cached blobs that the HA store no longer holds as they were", dropped)
+
+
+class _SharedCheck:
+    """One fencing check answers every acknowledgement that was waiting when it began.
+
+    The check is a ZooKeeper write (its leader fsyncs it), so concurrent PUTs share one: a
+    caller joins the next check that has *not yet started*, so the check it gets began after
+    the caller's data was durable, and says whether we still led at that moment."""
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        self._check = check
+        self._next: asyncio.Future[bool] | None = None
+        self._runner: asyncio.Task[None] | None = None
+
+    async def confirm(self) -> bool:
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        waiting = self._next
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run())
+        return await asyncio.shield(waiting)
+
+    async def _run(self) -> None:
+        while self._next is not None:
+            current, self._next = self._next, None
+            try:
+                current.set_result(await asyncio.to_thread(self._check))
+            except asyncio.CancelledError:  # the server is shutting down
+                current.cancel()
+                raise
 
 
 HighAvailability = Standalone | ZooKeeperHA
