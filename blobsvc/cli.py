@@ -161,6 +161,13 @@ async def _serve(settings: Settings) -> None:
         for address in (server.metrics.address, server.http_address):
             if address is not None:
                 log.info("metrics on http://%s:%d/metrics", *address)
+    if settings.recovery_mode == "zookeeper":
+        log.info(
+            "recovery mode zookeeper: cluster %r at %s, HA store %s; serving once elected leader",
+            settings.cluster_id,
+            settings.zookeeper,
+            settings.ha_dir,
+        )
 
     def on_signal() -> None:
         if stop.is_set():  # a second signal: stop waiting for in-flight requests

@@ -105,7 +105,7 @@ def test_a_damaged_copy_is_detected_never_served_and_rewritten_by_the_next_put(
     data = secrets.token_bytes(100_000)
     path, key = _source(tmp_path, data)
     store.put(path, key, JobBlob(JOB, "weights"))
-    object_path = f"objects/{key.hex()[:2]}/{key.hex()}"
+    object_path = f"objects/{key.hex()[:2]}/{key.hex()}/data"
     damaged = bytearray(data)
     damaged[50_000] ^= 0xFF
     store.files.write_bytes(object_path, bytes(damaged))
@@ -119,7 +119,7 @@ def test_a_damaged_copy_is_detected_never_served_and_rewritten_by_the_next_put(
 def test_a_partial_copy_is_rewritten_by_the_next_put(store: FileSystemBlobStore, tmp_path: Path) -> None:
     data = secrets.token_bytes(10_000)
     path, key = _source(tmp_path, data)
-    store.files.write_bytes(f"objects/{key.hex()[:2]}/{key.hex()}", data[:5000])  # a write that died
+    store.files.write_bytes(f"objects/{key.hex()[:2]}/{key.hex()}/data", data[:5000])  # a write that died
     store.put(path, key, None)
     assert _fetch(store, ContentKey(key)) == (key, data)
 

@@ -11,6 +11,8 @@ import io
 import secrets
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -90,7 +92,7 @@ def test_failover_serves_every_acknowledged_blob_through_the_new_leader(
         for name, data in named.items():
             client.put(data, job=job, name=name)
         victim = client.put(b"this copy will rot in the HA store")
-        victim_copy = ha_dir / "failover" / "objects" / victim[:2] / victim
+        victim_copy = ha_dir / "failover" / "objects" / victim[:2] / victim / "data"
         victim_copy.write_bytes(b"this copy has rotted in the HA store")
 
         with _client(standby.address, retries=0) as direct, pytest.raises(NotLeader, match=first.address):
@@ -161,6 +163,7 @@ def _in_process(zookeeper: ZooKeeper, tmp_path: Path, cluster_id: str) -> Server
         cluster_id=cluster_id,
         ha_dir=str(tmp_path / "ha"),
         zookeeper_session_timeout=1.0,
+        http_port="0",
     )
     server = ServerThread(settings).start()
     _wait(lambda: server.server.ha.status()["role"] == "leader", "the in-process server leads")
@@ -204,6 +207,12 @@ def test_a_leader_whose_session_expires_refuses_puts_before_another_is_elected(
             return False
 
         _wait(names_standby, "the old leader, back with a new session, names the new one")
+        assert leader.server._http_listener is not None
+        http_port = leader.server._http_listener.getsockname()[1]
+        key = blake3_hex(b"before the expiry")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/blobs/{key}", timeout=10)
+        assert refused.value.code == 503 and standby.address in refused.value.read().decode()
     finally:
         leader.stop()
 

@@ -8,16 +8,17 @@ blob except an explicit DELETE. A server that loses leadership leaves the store 
 
 Layout under ``<root>`` (one root per cluster id)::
 
-    objects/<k[:2]>/<k>            the bytes of content key k, written once however many names share it
-    refs/<k>/content               k has its content-addressed name
-    refs/<k>/<job>-<h>             job <job> names k under the name whose BLAKE3 is h
+    objects/<k[:2]>/<k>/data       the bytes of content key k, written once however many names share it
+    objects/<k[:2]>/<k>/content    k has its content-addressed name
+    objects/<k[:2]>/<k>/<job>-<h>  job <job> names k under the name whose BLAKE3 is h
     jobs/<job>/<h>                 "<k>\\n<epoch>\\n<name>": the key job <job> has under that name,
                                    and the epoch of the leader that wrote it
     corrupt/<k>-<time>             a copy a read found damaged, moved aside for an operator
 
 Writes go object, then ref, then name record, and deletes the other way round, so a crash
 between steps leaves an unreferenced object or ref (space, never a dangling name). An
-object goes when its last ref does.
+object goes when its last ref does. A key's bytes and refs share a directory so that one
+directory fsync makes a new object and its first ref durable together.
 
 Durability: a local directory writes a temporary file beside the final one, fsyncs it,
 renames it into place and fsyncs the directory. fsspec has neither fsync nor atomic rename
@@ -47,6 +48,7 @@ __all__ = ["BlobStore", "FileSystemBlobStore", "VoidBlobStore", "open_blob_store
 
 CHUNK = 1 << 20
 _CONTENT_REF = "content"
+_DATA = "data"  # never a ref's name: refs are "content" or "<job hex>-<name hash hex>"
 
 Writer = Callable[[bytes], object]
 
@@ -109,7 +111,7 @@ class _Files(Protocol):
 
     location: str
 
-    def write_file(self, path: str, source: Path) -> None: ...
+    def write_file(self, path: str, source: Path, marker: str | None = None) -> None: ...
     def write_bytes(self, path: str, data: bytes) -> None: ...
     def chunks(self, path: str) -> Iterator[bytes]: ...
     def size(self, path: str) -> int | None: ...
@@ -129,8 +131,9 @@ class _LocalFiles:
         return self.root / path
 
     @contextlib.contextmanager
-    def _replacing(self, path: str) -> Iterator[Path]:
-        """A temporary file to fill; on success it is synced and renamed to ``path``."""
+    def _replacing(self, path: str, marker: str | None = None) -> Iterator[Path]:
+        """A temporary file to fill; on success it is synced and renamed to ``path``, and an
+        empty ``marker`` is created beside it before the directory is synced."""
         final = self._path(path)
         make_dirs(final.parent)
         temp = final.parent / f".tmp-{secrets.token_hex(8)}"
@@ -142,13 +145,15 @@ class _LocalFiles:
             finally:
                 os.close(fd)
             os.replace(temp, final)
+            if marker is not None:
+                (final.parent / marker).touch()
         finally:
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()
         _fsync_dir(final.parent)
 
-    def write_file(self, path: str, source: Path) -> None:
-        with self._replacing(path) as temp:
+    def write_file(self, path: str, source: Path, marker: str | None = None) -> None:
+        with self._replacing(path, marker) as temp:
             shutil.copyfile(source, temp)
 
     def write_bytes(self, path: str, data: bytes) -> None:
@@ -217,11 +222,13 @@ class _FsspecFiles:
         if written != size:
             raise OSError(f"{self.location}/{path}: wrote {size} bytes but the store holds {written}")
 
-    def write_file(self, path: str, source: Path) -> None:
+    def write_file(self, path: str, source: Path, marker: str | None = None) -> None:
         full = self._path(path)
         self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
         self.fs.put_file(str(source), full)
         self._checked(path, source.stat().st_size)
+        if marker is not None:
+            self.write_bytes(f"{path.rpartition('/')[0]}/{marker}", b"")
 
     def write_bytes(self, path: str, data: bytes) -> None:
         full = self._path(path)
@@ -289,8 +296,12 @@ class FileSystemBlobStore:
     # --- paths ------------------------------------------------------------------------------
 
     @staticmethod
-    def _object(key: str) -> str:
+    def _key_dir(key: str) -> str:
         return f"objects/{key[:2]}/{key}"
+
+    @classmethod
+    def _object(cls, key: str) -> str:
+        return f"{cls._key_dir(key)}/{_DATA}"
 
     @staticmethod
     def _record(job: bytes, name_hash: str) -> str:
@@ -307,8 +318,9 @@ class FileSystemBlobStore:
         with self._keys.hold(key):
             # An object of the wrong size is the debris of a write that never finished.
             if self.files.size(self._object(k)) != source.stat().st_size:
-                self.files.write_file(self._object(k), source)
-            self.files.write_bytes(f"refs/{k}/{self._ref(target)}", b"")
+                self.files.write_file(self._object(k), source, marker=self._ref(target))
+            else:
+                self.files.write_bytes(f"{self._key_dir(k)}/{self._ref(target)}", b"")
         if target is None:
             return
         with self._jobs.hold(target.job):
@@ -341,7 +353,7 @@ class FileSystemBlobStore:
     def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
         if isinstance(target, ContentKey):
             k = target.key.hex()
-            return target.key if self.files.size(f"refs/{k}/{_CONTENT_REF}") is not None else None
+            return target.key if self.files.size(f"{self._key_dir(k)}/{_CONTENT_REF}") is not None else None
         record = self._read_record(self._record(target.job, _name_hash(target.name)))
         return None if record is None else record.key
 
@@ -402,10 +414,10 @@ class FileSystemBlobStore:
     def _unref(self, key: bytes, ref: str) -> None:
         k = key.hex()
         with self._keys.hold(key):
-            self.files.remove(f"refs/{k}/{ref}")
-            if not self.files.listdir(f"refs/{k}"):
+            self.files.remove(f"{self._key_dir(k)}/{ref}")
+            if self.files.listdir(self._key_dir(k)) in ([], [_DATA]):
                 self.files.remove(self._object(k))
-                self.files.remove(f"refs/{k}")
+                self.files.remove(self._key_dir(k))
 
 
 def open_blob_store(location: str | os.PathLike[str]) -> FileSystemBlobStore:
