@@ -23,6 +23,7 @@ from kazoo.client import KazooClient
 
 from blobsvc import BlobCache, BlobClient, DigestMismatch, NotFound, NotLeader, Settings, new_job_id
 from blobsvc.cli import main
+from blobsvc.ha import discovery
 from blobsvc.ha.discovery import ZkPaths
 
 from .conftest import ServerThread
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.timeout(180)
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeper]:
     running = ZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
     yield running
+    discovery._close_clients()  # the zk:// clients' sessions go before their ZooKeeper does
     running.stop()
 
 
@@ -295,6 +297,7 @@ def test_an_ensemble_losing_its_leading_node_is_ridden_out(servers: list[HaServe
         wait_for_leader(url)
         _ride_out(url, lambda: ensemble.stop(ensemble.leader_node()))
     finally:
+        discovery._close_clients()
         ensemble.stop()
 
 

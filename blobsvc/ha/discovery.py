@@ -14,6 +14,7 @@ after a fork (Spark forks its Python workers).
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import threading
@@ -103,6 +104,17 @@ def connect_zookeeper(hosts: str, *, session_timeout: float, timeout: float) -> 
 
 _clients: dict[tuple[int, str], Any] = {}
 _clients_lock = threading.Lock()
+
+
+@atexit.register
+def _close_clients() -> None:
+    """Close this process's sessions at exit rather than leave them to reconnect and expire."""
+    with _clients_lock:
+        for (pid, _), client in list(_clients.items()):
+            if pid == os.getpid():
+                client.stop()
+                client.close()
+        _clients.clear()
 
 
 class LeaderResolver:
