@@ -133,7 +133,7 @@ class BlobServer:
         self.busy_refusals = 0
         self.observers: list[RequestObserver] = []
         """Called after each request (metrics, request logs); none costs nothing."""
-        self.status_sources: list[Callable[[], Mapping[str, Any]]] = []
+        self.status_sources: list[Callable[[], Mapping[str, Any]]] = [self.ha.status]
         """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
         event loop and from the metrics thread, so they only read."""
         self._started = time.time()

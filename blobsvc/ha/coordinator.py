@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +43,7 @@ __all__ = ["HighAvailability", "Standalone", "ZooKeeperHA", "high_availability"]
 log = logging.getLogger("blobsvc.ha")
 
 SERVER_ID_FILE = "server-id"
+HA_COUNT_INTERVAL = 60.0  # seconds between counts of the HA store's blobs for status
 
 
 class Standalone:
@@ -72,7 +76,7 @@ class Standalone:
         pass
 
     def status(self) -> dict[str, Any]:
-        return {"mode": self.mode, "role": "leader"}
+        return {"mode": self.mode}
 
 
 class ZooKeeperHA:
@@ -93,6 +97,9 @@ class ZooKeeperHA:
         self._client: Any = None
         self._election: Any = None
         self._storage: BlobStorage | None = None
+        self._ha_blobs: int | None = None
+        self._counted_at = -math.inf
+        self._counting = threading.Lock()
         self._fence = _SharedCheck(lambda: self._election.fence(settings.zookeeper_session_timeout))
 
     async def start(self, address: tuple[str, int], storage: BlobStorage) -> None:
@@ -187,16 +194,30 @@ class ZooKeeperHA:
                 await self.recover(JobBlob(job, name))
 
     def status(self) -> dict[str, Any]:
+        """For STATUS and the metrics: reads only. ``ha_blobs`` is counted in a worker thread
+        at most once a minute (listing a large store, or S3, takes a while); None until then."""
         election = self._election
+        now = time.monotonic()
+        if now - self._counted_at > HA_COUNT_INTERVAL and not self._counting.locked():
+            self._counted_at = now
+            threading.Thread(target=self._count, name="blobsvc-ha-count", daemon=True).start()
         return {
             "mode": self.mode,
             "role": election.role if election is not None else "standby",
             "leader": election.leader if election is not None else None,
+            "leader_changes": election.leader_changes if election is not None else 0,
             "cluster_id": self.paths.cluster_id,
             "zookeeper": self.settings.zookeeper,
             "ha_store": self.blobs.location,
-            "ha_blobs": self.blobs.count(),
+            "ha_blobs": self._ha_blobs,
         }
+
+    def _count(self) -> None:
+        with self._counting:
+            try:
+                self._ha_blobs = self.blobs.count()
+            except OSError as exc:
+                log.warning("could not count the HA store's blobs: %s", exc)
 
     # --- on election ------------------------------------------------------------------------
 

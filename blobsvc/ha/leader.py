@@ -72,6 +72,9 @@ class LeaderElection:
         self.token: int | None = None
         self.leader: str | None = None
         """The leader's host:port as the ``leader`` node says, None while there is none."""
+        self.leader_changes = 0
+        """Leaders this server has seen take office (itself included)."""
+        self._leader_node: int | None = None
         self._writable = threading.Event()
         self._lost = threading.Event()
         self._stopping = threading.Event()
@@ -126,6 +129,9 @@ class LeaderElection:
         self.client.remove_listener(self._on_state)
 
     def _on_leader(self, data: bytes | None, stat: Any) -> None:
+        if stat is not None and stat.czxid != self._leader_node:  # a new node: a new term
+            self._leader_node = stat.czxid
+            self.leader_changes += 1
         self.leader = data.decode() if data else None
 
     def _on_state(self, state: str) -> None:
