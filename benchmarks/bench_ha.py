@@ -148,9 +148,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke test: few rounds, small blobs")
     parser.add_argument("--rounds", type=int, default=10, help="leader kills to time")
+    parser.add_argument("--tmp-dir", help="where ZooKeeper, the HA store and the data directories go")
     args = parser.parse_args()
     rounds = 2 if args.quick else args.rounds
-    with tempfile.TemporaryDirectory(prefix="bench-ha-") as temp:
+    with tempfile.TemporaryDirectory(prefix="bench-ha-", dir=args.tmp_dir) as temp:
         work = Path(temp)
         zk = ZooKeeper(work / "zookeeper").start()
         try:
