@@ -157,6 +157,12 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("metrics_port")
 @setting_option("log_format", type=click.Choice(LOG_FORMATS, case_sensitive=False))
 @setting_option("log_level", type=click.Choice(LOG_LEVELS, case_sensitive=False))
+@setting_option("recovery_mode", type=click.Choice(["standalone", "zookeeper"], case_sensitive=False))
+@setting_option("zookeeper")
+@setting_option("cluster_id")
+@setting_option("ha_dir")
+@setting_option("zookeeper_session_timeout")
+@setting_option("connect_timeout")
 @click.pass_context
 def serve(ctx: click.Context, /, **options: Any) -> None:
     """Run a blob server until SIGTERM or SIGINT.
@@ -168,7 +174,7 @@ def serve(ctx: click.Context, /, **options: Any) -> None:
     configure_logs(settings.log_level, settings.log_format)
     try:
         _run(_serve(settings))
-    except (OSError, MetricsUnavailable) as exc:
+    except (OSError, MetricsUnavailable, ImportError) as exc:  # ImportError: the ha extra missing
         raise click.ClickException(str(exc)) from None
 
 
@@ -183,6 +189,13 @@ async def _serve(settings: Settings) -> None:
         for address in (server.metrics.address, server.http_address):
             if address is not None:
                 log.info("metrics on http://%s:%d/metrics", *address)
+    if settings.recovery_mode == "zookeeper":
+        log.info(
+            "recovery mode zookeeper: cluster %r at %s, HA store %s; serving once elected leader",
+            settings.cluster_id,
+            settings.zookeeper,
+            settings.ha_dir,
+        )
 
     def on_signal() -> None:
         if stop.is_set():  # a second signal: stop waiting for in-flight requests

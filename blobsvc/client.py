@@ -38,10 +38,13 @@ from ._exceptions import (
     BadOffset,
     Busy,
     ClientClosed,
+    ConnectError,
     ConnectionClosed,
+    ConnectTimeout,
     DigestMismatch,
     InvalidArgument,
     LocalProtocolError,
+    NotLeader,
     ReadTimeout,
     RemoteProtocolError,
     ServerError,
@@ -81,6 +84,7 @@ from ._protocol import (
     WholeJob,
 )
 from .config import DEFAULT_PORT, parse_address
+from .ha.discovery import LeaderResolver, is_zk_url
 
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
 
@@ -247,9 +251,12 @@ class _StreamSink(_FileSink):
 
 
 class AsyncBlobClient:
-    """An asyncio client of one blob server.
+    """An asyncio client of one blob server, or of a cluster's leader.
 
-    ``server`` is ``"host:port"`` or a ``(host, port)`` pair. ``timeout`` bounds every wait
+    ``server`` is ``"host:port"``, a ``(host, port)`` pair, or ``"zk://HOST:PORT[,…]/CLUSTER_ID"``:
+    then the leader is looked up in ZooKeeper, and looked up again after NOT_LEADER or a
+    failed connection (waiting up to ``connect_timeout`` for a new leader to be elected),
+    within the same retry budget. ``timeout`` bounds every wait
     for the server (a read that stalls, a reply that does not come); ``retries`` is how many
     more attempts a request gets after a connection failure, a timeout or BUSY, waiting
     ``backoff * 2**n`` seconds (with jitter) between them. Server answers such as NOT_FOUND
@@ -269,7 +276,10 @@ class AsyncBlobClient:
         backoff: float = 0.1,
         tls: ssl.SSLContext | None = None,
     ) -> None:
-        self.host, self.port = _parse_address(server)
+        self._resolver = LeaderResolver(server) if is_zk_url(server) else None
+        self._located = self._resolver is None
+        self._avoid: str | None = None  # a server that failed: wait for the leader node to name another
+        self.host, self.port = _parse_address(server) if self._resolver is None else ("", 0)
         self.tls = tls
         self.secret = secret
         self.connect_timeout = connect_timeout
@@ -281,6 +291,8 @@ class AsyncBlobClient:
 
     @property
     def server(self) -> str:
+        if self._resolver is not None:
+            return f"{self._resolver.url} (leader {self.host}:{self.port})" if self.host else self._resolver.url
         return f"{self.host}:{self.port}"
 
     async def __aenter__(self) -> AsyncBlobClient:
@@ -477,20 +489,42 @@ class AsyncBlobClient:
         tries = 1 + self.retries
         for number in range(tries):
             try:
+                await self._locate()
                 channel = await self._acquire(timeout)
                 try:
                     result = await attempt(channel)
                 finally:
                     self._release(channel)
                 return result
-            except (TransportError, Busy) as exc:
+            except (TransportError, Busy, NotLeader) as exc:
+                if isinstance(exc, NotLeader) and self._resolver is None:
+                    raise
                 if number + 1 == tries or isinstance(exc, TLSError):
                     where = "" if self.server in str(exc) else f"server {self.server}, "
                     attempts = f"{number + 1} attempt{'s' if number else ''}"
                     raise type(exc)(f"{exc} ({where}{attempts})") from exc
+                self._lose_leader(exc)
             delay = min(MAX_BACKOFF, self.backoff * 2**number) * random.uniform(0.5, 1.5)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    async def _locate(self) -> None:
+        """With a ``zk://`` URL, find the leader if the last one failed (or at first use)."""
+        if self._located or self._resolver is None:
+            return
+        self.host, self.port = await asyncio.to_thread(self._resolver.leader, self._avoid, self.connect_timeout)
+        self._located, self._avoid = True, None
+
+    def _lose_leader(self, exc: BaseException) -> None:
+        if self._resolver is None or isinstance(exc, Busy):
+            return
+        if isinstance(exc, ConnectError | ConnectTimeout):
+            # Nobody listens there: a dead leader whose node lingers until its session
+            # expires. (A NOT_LEADER is only read again: a suspended leader may come back.)
+            self._avoid = f"{self.host}:{self.port}"
+        self._located = False
+        while self._idle:
+            self._idle.pop().close()
 
     async def _acquire(self, timeout: float) -> _Channel:
         while self._idle:

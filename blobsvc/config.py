@@ -77,8 +77,14 @@ def parse_address(server: str) -> tuple[str, int]:
 
 
 def _parse_server(text: str) -> str:
-    parse_address(text)
-    return text.strip()
+    text = text.strip()
+    if text.startswith("zk://"):
+        from .ha.discovery import parse_zk_url  # here: blobsvc.ha imports this module
+
+        parse_zk_url(text)
+    else:
+        parse_address(text)
+    return text
 
 
 def _parse_port(text: str | int) -> str:
@@ -126,6 +132,13 @@ def _parse_count(text: str | int) -> int:
     if value < 0:
         raise ValueError(f"must not be negative: {text!r}")
     return value
+
+
+def _parse_recovery_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in {"standalone", "zookeeper"}:
+        raise ValueError(f"not a recovery mode: {text!r} (standalone or zookeeper)")
+    return mode
 
 
 def _optional_path(text: str | Path | None) -> Path | None:
@@ -232,9 +245,23 @@ class Settings:
         None, _optional_path, "CA bundle for client certificates; when set, clients must present one (mutual TLS)."
     )
     tls_min_version: str = _setting("1.3", _parse_tls_version, "Oldest TLS version the server accepts: 1.2 or 1.3.")
+    # high availability
+    recovery_mode: str = _setting(
+        "standalone", _parse_recovery_mode, "standalone (local disk only) or zookeeper (leader election, HA store)."
+    )
+    zookeeper: str = _setting("", str, "ZooKeeper ensemble, HOST:PORT[,HOST:PORT…], in recovery mode zookeeper.")
+    cluster_id: str = _setting("default", str, "Which cluster of servers this is, in ZooKeeper and in the HA store.")
+    ha_dir: str = _setting(
+        "", str, "HA blob store shared by the cluster: a directory or an fsspec URL (file://, s3://, …)."
+    )
+    zookeeper_session_timeout: float = _setting(
+        10.0, _parse_seconds, "Seconds a server's ZooKeeper session outlives a lost connection; bounds failover time."
+    )
     # client
     server: str = _setting(
-        f"127.0.0.1:{DEFAULT_PORT}", _parse_server, "host:port of the server the client commands use."
+        f"127.0.0.1:{DEFAULT_PORT}",
+        _parse_server,
+        "host:port of the server the client commands use, or zk://HOST:PORT[,…]/CLUSTER_ID to follow a leader.",
     )
     connect_timeout: float = _setting(10.0, _parse_seconds, "Seconds to wait for a connection.")
     timeout: float = _setting(60.0, _parse_seconds, "Seconds a client waits for a byte before giving up.")

@@ -41,7 +41,15 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import h11
 
-from ._exceptions import InternalError, NotFound, RemoteProtocolError, TransportError, WriteTimeout
+from ._exceptions import (
+    DigestMismatch,
+    InternalError,
+    NotFound,
+    NotLeader,
+    RemoteProtocolError,
+    TransportError,
+    WriteTimeout,
+)
 from ._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ._netio import SocketStream, body_deadline, header_deadline
 from ._observe import ABORTED, http_outcome, op_name
@@ -197,9 +205,16 @@ class HttpFace:
     route checks its own authorisation; the blob routes require a signed URL when the server
     has a secret."""
 
-    def __init__(self, storage: BlobStorage, secret: bytes | None) -> None:
+    def __init__(
+        self,
+        storage: BlobStorage,
+        secret: bytes | None,
+        open_blob: Callable[[ContentKey | JobBlob], Awaitable[OpenBlob]] | None = None,
+    ) -> None:
         self.storage = storage
         self.secret = secret
+        # The server's opener also refuses on an HA standby and recovers from the HA store.
+        self._open_blob = open_blob or self._open_local
         self.routes: dict[str, Route] = {"blobs": self._blob, "jobs": self._blob}
 
     async def respond(self, request: HttpRequest) -> HttpResponse:
@@ -215,6 +230,13 @@ class HttpFace:
             return text_response(404, str(exc))
         except InternalError as exc:
             return text_response(500, str(exc))
+        except NotLeader as exc:
+            return text_response(503, str(exc))
+        except DigestMismatch as exc:  # a damaged HA copy, never served
+            return text_response(500, str(exc))
+
+    async def _open_local(self, target: ContentKey | JobBlob) -> OpenBlob:
+        return self.storage.open_blob(target)
 
     async def _blob(self, request: HttpRequest) -> HttpResponse:
         try:
@@ -225,7 +247,7 @@ class HttpFace:
             problem = _signature_problem(self.secret, path, request.query)
             if problem:
                 return text_response(403, problem)
-        blob = self.storage.open_blob(target)
+        blob = await self._open_blob(target)
         try:
             return _blob_response(request, blob)
         except BaseException:

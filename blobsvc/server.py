@@ -50,6 +50,7 @@ from ._exceptions import (
     BadOffset,
     Busy,
     InternalError,
+    NotFound,
     ReadTimeout,
     RemoteProtocolError,
     ServerError,
@@ -64,12 +65,14 @@ from ._protocol import (
     NEED_DATA,
     AuthOk,
     AuthRequest,
+    ContentKey,
     Data,
     DeleteOk,
     DeleteRequest,
     ErrorFrame,
     GetOk,
     GetRequest,
+    JobBlob,
     ListOk,
     ListRequest,
     PutOk,
@@ -86,8 +89,9 @@ from ._protocol import (
 )
 from ._tls import TlsStream, server_context_for
 from .config import Settings
+from .ha import HighAvailability, high_availability
 from .http import HttpConnection, HttpFace
-from .storage import BlobStorage, RecoveryReport, StagedUpload
+from .storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -110,16 +114,24 @@ class BlobServer:
     the block ends; ``server.address`` is the bound ``(host, port)``.
     """
 
-    def __init__(self, settings: Settings | None = None, *, storage: BlobStorage | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        storage: BlobStorage | None = None,
+        ha: HighAvailability | None = None,
+    ) -> None:
         self.settings = settings or Settings()
         self.storage = storage or BlobStorage(self.settings.data_dir, verify_on_start=self.settings.verify_on_start)
+        self.ha = ha or high_availability(self.settings)
+        """The recovery mode: asked before serving, storing, acknowledging, and for missing blobs."""
         self._secret = self.settings.secret()
         self._tls = server_context_for(self.settings)
         self._listener: socket.socket | None = None
         self._http_listener: socket.socket | None = None
         self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
         self._connections: dict[asyncio.Task[None], _Connection | HttpConnection] = {}
-        self.http = HttpFace(self.storage, self._secret)
+        self.http = HttpFace(self.storage, self._secret, self.open_blob)
         """The HTTP face's routes (on when ``http_port`` is set); see :mod:`blobsvc.http`."""
         # Connections that count against max_connections: every accepted one until it ends
         # or starts its lingering close, so refused clients draining out cannot crowd out others.
@@ -131,7 +143,7 @@ class BlobServer:
         self.busy_refusals = 0
         self.observers: list[RequestObserver] = []
         """Called after each request (metrics, request logs); none costs nothing."""
-        self.status_sources: list[Callable[[], Mapping[str, Any]]] = []
+        self.status_sources: list[Callable[[], Mapping[str, Any]]] = [self.ha.status]
         """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
         event loop and from the metrics thread, so they only read."""
         self._started = time.time()
@@ -174,6 +186,11 @@ class BlobServer:
             except BaseException:
                 self._listener.close()
                 raise
+        try:
+            await self.ha.start(self.address, self.storage)
+        except BaseException:
+            self._listener.close()
+            raise
         self._accepting.append(asyncio.create_task(self._accept_loop(self._listener, self._binary_connection)))
         if self.settings.http_ports is not None:
             self._http_listener = _bind(self.settings.host, self.settings.http_ports)
@@ -184,6 +201,17 @@ class BlobServer:
 
     def _http_connection(self, sock: socket.socket) -> HttpConnection:
         return HttpConnection(self, self._stream_for(sock))
+
+    async def open_blob(self, target: ContentKey | JobBlob) -> OpenBlob:
+        """A blob from local disk or, when this server lacks it, lazily from the HA store;
+        NOT_LEADER on a standby."""
+        self.ha.check()
+        try:
+            return self.storage.open_blob(target)
+        except NotFound:
+            if not await self.ha.recover(target):
+                raise
+        return self.storage.open_blob(target)
 
     async def serve_forever(self) -> None:
         assert self._accepting, "start() first"
@@ -202,6 +230,8 @@ class BlobServer:
         (``shutdown_timeout`` by default), cancel what is left."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
         self._closing = True
+        # Step down first: clients move on to the next leader while we finish.
+        await self.ha.stop()
         for accepting in self._accepting:
             accepting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -488,18 +518,22 @@ class _Connection:
 
     async def _dispatch(self, event: ServerEvent) -> None:
         self.server.requests[op_name(event)] += 1
+        if not isinstance(event, AuthRequest | StatusRequest):  # a standby still tells its status
+            self.server.ha.check()
         match event:
             case PutRequest():
                 await self._put(event)
             case GetRequest():
                 await self._get(event)
             case StatRequest(target):
-                size, digest = self.storage.stat(target)
-                await self._send(StatOk(size, digest))
+                with await self.server.open_blob(target) as blob:
+                    await self._send(StatOk(blob.size, blob.digest))
             case DeleteRequest(target):
+                await self.server.ha.delete(target)  # the HA copy first: a lazy recovery must not revive it
                 await asyncio.to_thread(self.storage.delete, target)
                 await self._send(DeleteOk())
             case ListRequest(job):
+                await self.server.ha.recover_job(job)
                 entries = await asyncio.to_thread(self.storage.list_job, job)
                 await self._send(ListOk(tuple(entries)))
             case AuthRequest():  # already authenticated, or no secret configured
@@ -519,8 +553,10 @@ class _Connection:
                     digest = await self._receive_body(upload)
             finally:
                 self.moved = upload.size
+            await _finish(self.server.ha.store(upload, request.target, digest))
             # Publication fsyncs, which can take milliseconds even for a tiny file: never on the loop.
             key = await _finish(asyncio.to_thread(self.storage.publish, upload, request.target, digest))
+        await self.server.ha.acknowledge()
         await self._send(PutOk(key))
 
     async def _receive_body(self, upload: StagedUpload) -> bytes:
@@ -554,7 +590,7 @@ class _Connection:
                     writing.exception()
 
     async def _get(self, request: GetRequest) -> None:
-        with self.storage.open_blob(request.target) as blob:
+        with await self.server.open_blob(request.target) as blob:
             if request.offset > blob.size:
                 raise BadOffset(f"offset {request.offset} is past the end of a {blob.size}-byte blob")
             header = self.parser.send(GetOk(blob.size, blob.digest))

@@ -65,6 +65,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(directory: Path) -> None:
+    """``mkdir -p`` that also fsyncs each parent, so the new directories survive a crash."""
+    if directory.is_dir():
+        return
+    make_dirs(directory.parent)
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir()
+    _fsync_dir(directory.parent)
+
+
 def _remove(path: Path) -> None:
     """Remove a file or a tree; what is already gone is fine (another thread won the race)."""
     try:
@@ -288,12 +298,7 @@ class BlobStorage:
         return replaced
 
     def _make_dirs(self, directory: Path) -> None:
-        if directory.is_dir():
-            return
-        self._make_dirs(directory.parent)
-        with contextlib.suppress(FileExistsError):
-            directory.mkdir()
-        _fsync_dir(directory.parent)
+        make_dirs(directory)
 
     # --- reading ---------------------------------------------------------------------------
 

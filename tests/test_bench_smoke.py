@@ -96,3 +96,14 @@ def test_quick_metrics_benchmark_measures_both_servers_and_a_ratio(tmp_path: Pat
     assert summary["median_ops_on_over_off"] > 0 and summary["median_cpu_per_op_on_over_off"] > 0
     assert summary["observe_ns"] > 0 and summary["gets_counted_by_metrics"] >= 200
     assert list(tmp_path.iterdir()) == []
+
+
+def test_quick_ha_benchmark_times_failovers_and_compares_both_modes(tmp_path: Path) -> None:
+    records = run_quick("benchmarks.bench_ha", "--tmp-dir", str(tmp_path))
+    failovers = [record for record in records if record.get("bench") == "failover"]
+    assert len(failovers) == 2 and all(record["seconds"] > 0 for record in failovers)
+    summary = records[-1]["summary"]
+    assert summary["failover_rounds"] == 2 and summary["failover_worst_s"] >= summary["failover_median_s"]
+    assert summary["put_4KiB_ratio"] > 0 and summary["put_8MiB_ratio"] > 0
+    assert isinstance(records[-1]["targets_met"]["failover_worst_under_3s"], bool)
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,29 @@
+"""High availability: recovery modes, the HA blob store, leader election, leader discovery.
+
+Recipe-like modules, each opening with what it does when the ZooKeeper session is
+SUSPENDED or LOST:
+
+* :mod:`blobsvc.ha.store`: the FileSystemBlobStore (a directory or an fsspec URL) and the
+  standalone mode's void store.
+* :mod:`blobsvc.ha.leader`: leader election with a fencing token (needs kazoo).
+* :mod:`blobsvc.ha.discovery`: ``zk://`` URLs and finding the leader from a client.
+* :mod:`blobsvc.ha.coordinator`: what the server asks: may I serve, store durably, may I
+  acknowledge, fetch what I lack.
+
+kazoo and fsspec are the ``ha`` extra (``pip install blobsvc[ha]``); nothing here imports
+them until the zookeeper mode or a ``zk://`` URL asks for them.
+"""
+
+from .coordinator import HighAvailability, Standalone, ZooKeeperHA, high_availability
+from .store import BlobStore, FileSystemBlobStore, VoidBlobStore, open_blob_store
+
+__all__ = [
+    "BlobStore",
+    "FileSystemBlobStore",
+    "HighAvailability",
+    "Standalone",
+    "VoidBlobStore",
+    "ZooKeeperHA",
+    "high_availability",
+    "open_blob_store",
+]

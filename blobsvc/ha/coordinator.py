@@ -1,0 +1,282 @@
+"""What a BlobServer asks about high availability, in either recovery mode.
+
+:Status: Production.
+
+The server asks four questions and nothing more: *may I serve?* (:meth:`check`), *store
+this durably* (:meth:`store`), *may I acknowledge?* (:meth:`acknowledge`), and *fetch what
+I lack* (:meth:`recover`). :class:`Standalone` answers yes, done, yes, nothing.
+
+Session loss, in :class:`ZooKeeperHA` (the rules themselves live in :mod:`.leader`): while
+the session is SUSPENDED or LOST, or on a standby, :meth:`check` answers NOT_LEADER, so no
+request starts; :meth:`acknowledge` asks ZooKeeper to confirm the epoch, so a PUT or
+DELETE in flight when leadership went is never acknowledged. HA data is only ever removed
+by a DELETE that passed that check.
+
+A server's own data directory is a cache of the HA store. When a server is elected and
+another server led since it last did, names in its cache that the HA store no longer holds
+(or holds with other bytes) are dropped from the cache before it serves: a blob deleted or
+replaced under another leader is never served stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from .._exceptions import NotLeader
+from .._layout import key_from_filename
+from .._protocol import ContentKey, JobBlob, WholeJob
+from ..config import Settings
+from ..storage import BlobStorage, StagedUpload
+from .discovery import INSTALL_HINT, ZkPaths, check_cluster_id, connect_zookeeper, require_kazoo
+from .store import FileSystemBlobStore, open_blob_store
+
+__all__ = ["HighAvailability", "Standalone", "ZooKeeperHA", "high_availability"]
+
+log = logging.getLogger("blobsvc.ha")
+
+SERVER_ID_FILE = "server-id"
+HA_COUNT_INTERVAL = 60.0  # seconds between counts of the HA store's blobs for status
+
+
+class Standalone:
+    """Recovery mode ``standalone``: one server, its local disk, no ZooKeeper."""
+
+    mode = "standalone"
+
+    async def start(self, address: tuple[str, int], storage: BlobStorage) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def check(self) -> None:
+        pass
+
+    async def store(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> None:
+        pass
+
+    async def acknowledge(self) -> None:
+        pass
+
+    async def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
+        pass
+
+    async def recover(self, target: ContentKey | JobBlob) -> bool:
+        return False
+
+    async def recover_job(self, job: bytes) -> None:
+        pass
+
+    def status(self) -> dict[str, Any]:
+        return {"mode": self.mode}
+
+
+class ZooKeeperHA:
+    """Recovery mode ``zookeeper``: leader election, fencing, and a FileSystemBlobStore."""
+
+    mode = "zookeeper"
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.zookeeper or not settings.ha_dir:
+            raise ValueError("recovery mode zookeeper needs --zookeeper HOST:PORT[,…] and --ha-dir PATH_OR_URL")
+        require_kazoo()
+        self.settings = settings
+        self.paths = ZkPaths(check_cluster_id(settings.cluster_id))
+        try:
+            self.blobs: FileSystemBlobStore = open_blob_store(f"{settings.ha_dir.rstrip('/')}/{settings.cluster_id}")
+        except ImportError as exc:  # fsspec, or the backend of the URL's scheme
+            raise ImportError(f"--ha-dir {settings.ha_dir}: {exc} ({INSTALL_HINT})") from None
+        self._client: Any = None
+        self._election: Any = None
+        self._storage: BlobStorage | None = None
+        self._ha_blobs: int | None = None
+        self._counted_at = -math.inf
+        self._counting = threading.Lock()
+        self._fence = _SharedCheck(lambda: self._election.fence(settings.zookeeper_session_timeout))
+
+    async def start(self, address: tuple[str, int], storage: BlobStorage) -> None:
+        from .leader import LeaderElection
+
+        self._storage = storage
+        host = self.settings.host
+        if host in {"", "0.0.0.0", "::"}:
+            host = socket.getfqdn()
+        advertised = f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+        self._client = await asyncio.to_thread(
+            connect_zookeeper,
+            self.settings.zookeeper,
+            session_timeout=self.settings.zookeeper_session_timeout,
+            timeout=self.settings.connect_timeout,
+        )
+        self._election = LeaderElection(
+            self._client,
+            self.paths,
+            address=advertised,
+            server_id=self._server_id(storage),
+            on_elected=self._forget_stale,
+        )
+        self._election.start()
+
+    async def stop(self) -> None:
+        if self._election is not None:
+            await asyncio.to_thread(self._election.stop)
+        if self._client is not None:
+            client, self._client = self._client, None
+            await asyncio.to_thread(client.stop)
+            client.close()
+
+    @staticmethod
+    def _server_id(storage: BlobStorage) -> str:
+        """This data directory's id, kept across restarts, to tell whether it led last."""
+        path = storage.layout.root / SERVER_ID_FILE
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            server_id = uuid.uuid4().hex
+            path.write_text(server_id + "\n")
+            return server_id
+
+    # --- the server's questions -------------------------------------------------------------
+
+    def check(self) -> None:
+        election = self._election
+        if election is not None and election.may_write():
+            return
+        if election is not None and election.role == "suspended":
+            raise NotLeader("this server's ZooKeeper session is suspended; it serves nothing until it is back")
+        leader = election.leader if election is not None else None
+        raise NotLeader(f"this server is a standby; the leader is {leader}" if leader else "no leader is elected yet")
+
+    async def store(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> None:
+        if upload.digest() != digest:
+            return  # publication refuses it, with the precise error
+        await asyncio.to_thread(self.blobs.put, upload.path, digest, target, self._election.token or 0)
+
+    async def acknowledge(self) -> None:
+        if not await self._fence.confirm():
+            raise NotLeader("this server could not confirm its leadership with ZooKeeper; nothing acknowledged")
+
+    async def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
+        await self.acknowledge()  # a deposed leader never removes HA data
+        await asyncio.to_thread(self.blobs.delete, target)
+
+    async def recover(self, target: ContentKey | JobBlob) -> bool:
+        """Fetch a blob the local disk lacks from the HA store (verified), keep it locally;
+        False when the HA store does not have it either."""
+        return await asyncio.to_thread(self._recover, target)
+
+    def _recover(self, target: ContentKey | JobBlob) -> bool:
+        storage = self._storage
+        assert storage is not None
+        with storage.stage() as upload:
+            key = self.blobs.fetch(target, upload.write)
+            if key is None:
+                return False
+            storage.publish(upload, target if isinstance(target, JobBlob) else None, key)
+        log.info("recovered %s from the HA store", key.hex())
+        return True
+
+    async def recover_job(self, job: bytes) -> None:
+        """Fetch every blob of ``job`` the local disk lacks (before a LIST)."""
+        storage = self._storage
+        assert storage is not None
+        held = {entry.name for entry in await asyncio.to_thread(storage.list_job, job)}
+        for name in await asyncio.to_thread(self.blobs.names, job):
+            if name not in held:
+                await self.recover(JobBlob(job, name))
+
+    def status(self) -> dict[str, Any]:
+        """For STATUS and the metrics: reads only. ``ha_blobs`` is counted in a worker thread
+        at most once a minute (listing a large store, or S3, takes a while); None until then."""
+        election = self._election
+        now = time.monotonic()
+        if now - self._counted_at > HA_COUNT_INTERVAL and not self._counting.locked():
+            self._counted_at = now
+            threading.Thread(target=self._count, name="blobsvc-ha-count", daemon=True).start()
+        return {
+            "mode": self.mode,
+            "role": election.role if election is not None else "standby",
+            "leader": election.leader if election is not None else None,
+            "leader_changes": election.leader_changes if election is not None else 0,
+            "cluster_id": self.paths.cluster_id,
+            "zookeeper": self.settings.zookeeper,
+            "ha_store": self.blobs.location,
+            "ha_blobs": self._ha_blobs,
+        }
+
+    def _count(self) -> None:
+        with self._counting:
+            try:
+                self._ha_blobs = self.blobs.count()
+            except OSError as exc:
+                log.warning("could not count the HA store's blobs: %s", exc)
+
+    # --- on election ------------------------------------------------------------------------
+
+    def _forget_stale(self, previous: str) -> None:
+        """Drop cached names the HA store contradicts, unless this server led last."""
+        storage = self._storage
+        assert storage is not None
+        if previous == self._election.server_id:
+            return
+        dropped = 0
+        for path in list(storage.layout.cache.iterdir()):
+            key = key_from_filename(path.name)
+            if key is not None and self.blobs.key_of(ContentKey(key)) != key:
+                storage.delete(ContentKey(key))
+                dropped += 1
+        for job in storage.layout.job_dirs():
+            for entry in storage.list_job(job):
+                if self.blobs.key_of(JobBlob(job, entry.name)) != entry.digest:
+                    storage.delete(JobBlob(job, entry.name))
+                    dropped += 1
+        if dropped:
+            log.warning("dropped %d cached blobs that the HA store no longer holds as they were", dropped)
+
+
+class _SharedCheck:
+    """One fencing check answers every acknowledgement that was waiting when it began.
+
+    The check is a ZooKeeper write (its leader fsyncs it), so concurrent PUTs share one: a
+    caller joins the next check that has *not yet started*, so the check it gets began after
+    the caller's data was durable, and says whether we still led at that moment."""
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        self._check = check
+        self._next: asyncio.Future[bool] | None = None
+        self._runner: asyncio.Task[None] | None = None
+
+    async def confirm(self) -> bool:
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        waiting = self._next
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run())
+        return await asyncio.shield(waiting)
+
+    async def _run(self) -> None:
+        while self._next is not None:
+            current, self._next = self._next, None
+            try:
+                current.set_result(await asyncio.to_thread(self._check))
+            except asyncio.CancelledError:  # the server is shutting down
+                current.cancel()
+                raise
+
+
+HighAvailability = Standalone | ZooKeeperHA
+
+
+def high_availability(settings: Settings) -> HighAvailability:
+    """The recovery mode's coordinator; a missing extra or setting fails here, in one line."""
+    if settings.recovery_mode == "zookeeper":
+        return ZooKeeperHA(settings)
+    return Standalone()

@@ -1,0 +1,174 @@
+"""Finding a cluster's leader from a ``zk://HOST:PORT[,HOST:PORT…]/CLUSTER_ID`` URL.
+
+:Status: Production, tested against a real ZooKeeper (tests/test_ha_zookeeper.py).
+
+Session loss: a client only reads. While its ZooKeeper connection is SUSPENDED its reads
+fail and the caller retries; after LOST kazoo opens a new session by itself. Nothing is
+cached across a failure: each look-up after a failed request reads the ``leader`` node
+afresh, and waits (bounded) for it to name someone other than the server that just
+failed, which is how a client rides out a failover without being told.
+
+One kazoo client per ZooKeeper ensemble per process, started on first use and replaced
+after a fork (Spark forks its Python workers).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+from .._exceptions import ConnectError
+
+__all__ = ["LeaderResolver", "ZkPaths", "connect_zookeeper", "is_zk_url", "parse_zk_url", "require_kazoo"]
+
+ZK_SCHEME = "zk://"
+_CLUSTER_ID = re.compile(r"[A-Za-z0-9_.-]+")
+_HOSTS = re.compile(r"[A-Za-z0-9_.\[\]:-]+(,[A-Za-z0-9_.\[\]:-]+)*")
+INSTALL_HINT = "pip install blobsvc[ha]"
+
+
+def require_kazoo() -> None:
+    """Fail with one line naming the extra when kazoo is not installed."""
+    try:
+        import kazoo  # noqa: F401
+    except ImportError:
+        raise ImportError(f"ZooKeeper high availability needs kazoo and fsspec: {INSTALL_HINT}") from None
+
+
+def is_zk_url(server: object) -> TypeGuard[str]:
+    return isinstance(server, str) and server.startswith(ZK_SCHEME)
+
+
+def check_cluster_id(cluster_id: str) -> str:
+    if not _CLUSTER_ID.fullmatch(cluster_id):
+        raise ValueError(f"not a cluster id: {cluster_id!r} (letters, digits, '_', '.', '-')")
+    return cluster_id
+
+
+def parse_zk_url(url: str) -> tuple[str, str]:
+    """``(hosts, cluster id)`` of ``zk://h1:2181,h2:2181/ID``."""
+    hosts, _, cluster_id = url.removeprefix(ZK_SCHEME).partition("/")
+    if not url.startswith(ZK_SCHEME) or not _HOSTS.fullmatch(hosts) or not _CLUSTER_ID.fullmatch(cluster_id):
+        raise ValueError(f"not a ZooKeeper URL: {url!r} (try zk://host:2181,host2:2181/CLUSTER_ID)")
+    return hosts, cluster_id
+
+
+@dataclass(frozen=True)
+class ZkPaths:
+    """The ZooKeeper nodes of one cluster (drawn in :mod:`blobsvc.ha.leader`)."""
+
+    cluster_id: str
+
+    @property
+    def root(self) -> str:
+        return f"/blobsvc/{self.cluster_id}"
+
+    @property
+    def election(self) -> str:
+        return f"{self.root}/election"
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.root}/epoch"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.root}/leader"
+
+
+def connect_zookeeper(hosts: str, *, session_timeout: float, timeout: float) -> Any:
+    """A started KazooClient; fails with :class:`ConnectError` after ``timeout`` seconds."""
+    require_kazoo()
+    from kazoo.client import KazooClient
+    from kazoo.retry import KazooRetry
+
+    client = KazooClient(
+        hosts=hosts,
+        timeout=session_timeout,
+        connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
+    )
+    try:
+        client.start(timeout=timeout)
+    except Exception as exc:
+        client.stop()
+        client.close()
+        raise ConnectError(f"cannot reach ZooKeeper at {hosts} within {timeout:g}s ({exc})") from None
+    return client
+
+
+_clients: dict[tuple[int, str], Any] = {}
+_clients_lock = threading.Lock()
+
+
+@atexit.register
+def _close_clients() -> None:
+    """Close this process's sessions at exit rather than leave them to reconnect and expire."""
+    with _clients_lock:
+        for (pid, _), client in list(_clients.items()):
+            if pid == os.getpid():
+                client.stop()
+                client.close()
+        _clients.clear()
+
+
+class LeaderResolver:
+    """The leader's address for clients of a ``zk://`` URL. Blocking: call in a thread."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.hosts, cluster_id = parse_zk_url(url)
+        self.paths = ZkPaths(cluster_id)
+        require_kazoo()
+
+    def _client(self, timeout: float) -> Any:
+        with _clients_lock:
+            key = (os.getpid(), self.hosts)
+            client = _clients.get(key)
+            if client is None:
+                client = connect_zookeeper(self.hosts, session_timeout=10.0, timeout=timeout)
+                _clients[key] = client
+            return client
+
+    def leader(self, avoid: str | None, timeout: float) -> tuple[str, int]:
+        """The leader's ``(host, port)``. With ``avoid`` (a server that could not be reached),
+        wait up to ``timeout`` for the leader node to name another."""
+        deadline = time.monotonic() + timeout
+        client = self._client(timeout)
+        while True:
+            changed = threading.Event()
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                # exists() sets a watch whether or not the node is there; a request made while
+                # disconnected waits for the connection, hence the bound on each.
+                stat = client.exists_async(self.paths.leader, watch=_setter(changed)).get(timeout=left)
+                data = client.get_async(self.paths.leader).get(timeout=left)[0] if stat else b""
+                named, failed = data.decode() or None, False
+            except Exception:  # NoNodeError in between, a lost connection, a timeout
+                named, failed = None, True
+            if named is not None and named != avoid:
+                return _split(named)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if named is not None:
+                    return _split(named)  # the failure was not a failover after all
+                raise ConnectError(f"no leader for cluster {self.paths.cluster_id!r} at {self.hosts}")
+            if failed:
+                time.sleep(min(left, 0.1))
+            else:
+                changed.wait(left)
+
+
+def _setter(event: threading.Event) -> Callable[[Any], None]:
+    """A ZooKeeper watch that sets ``event``."""
+    return lambda _: event.set()
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,428 @@
+"""HA blob stores: where a blob's durable copy lives, shared by every server of a cluster.
+
+:Status: Production for local directories and shared mounts; fsspec URLs as their backend allows.
+
+Session loss (SUSPENDED, LOST) never reaches this module: a store is written only by the
+server that holds leadership (see :mod:`blobsvc.ha.leader`) and nothing here ever deletes a
+blob except an explicit DELETE. A server that loses leadership leaves the store as it is.
+
+Layout under ``<root>`` (one root per cluster id)::
+
+    objects/<k[:2]>/<k>/data       the bytes of content key k, written once however many names share it
+    objects/<k[:2]>/<k>/content    k has its content-addressed name
+    objects/<k[:2]>/<k>/<job>-<h>  job <job> names k under the name whose BLAKE3 is h
+    jobs/<job>/<h>                 "<k>\\n<epoch>\\n<name>": the key job <job> has under that name,
+                                   and the epoch of the leader that wrote it
+    corrupt/<k>-<time>             a copy a read found damaged, moved aside for an operator
+
+Writes go object, then ref, then name record, and deletes the other way round, so a crash
+between steps leaves an unreferenced object or ref (space, never a dangling name). An
+object goes when its last ref does. A key's bytes and refs share a directory so that one
+directory fsync makes a new object and its first ref durable together.
+
+Durability: a local directory writes a temporary file beside the final one, fsyncs it,
+renames it into place and fsyncs the directory. fsspec has neither fsync nor atomic rename
+(and S3 no rename at all), so there the final key is written directly and its size checked
+afterwards. Either way every read hashes the bytes and refuses a copy whose digest is not
+its key: a damaged copy is never served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import blake3
+
+from .._exceptions import DigestMismatch, NotFound, NotLeader
+from .._protocol import KEY_SIZE, ContentKey, JobBlob, WholeJob
+from ..storage import _fsync_dir, _LockTable, make_dirs
+
+__all__ = ["BlobStore", "FileSystemBlobStore", "VoidBlobStore", "open_blob_store"]
+
+CHUNK = 1 << 20
+_CONTENT_REF = "content"
+_DATA = "data"  # never a ref's name: refs are "content" or "<job hex>-<name hash hex>"
+
+Writer = Callable[[bytes], object]
+
+
+class BlobStore(Protocol):
+    """What a server asks of an HA store. Every call blocks: run it in a worker thread."""
+
+    location: str
+
+    def put(self, source: Path, key: bytes, target: JobBlob | None, epoch: int = 0) -> None:
+        """Make the bytes at ``source`` (which hash to ``key``) durable under ``target``
+        (content-addressed when None). Returns only once the copy is durable. A job name
+        written under a newer ``epoch`` (the leader's fencing token) is not overwritten:
+        :class:`NotLeader` instead."""
+
+    def fetch(self, target: ContentKey | JobBlob, write: Writer) -> bytes | None:
+        """Feed the blob's bytes to ``write`` and return its key, or None when the store has
+        no such blob. Raises :class:`DigestMismatch` (after ``write`` saw the bytes) when
+        the copy is damaged."""
+
+    def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
+        """The key the store holds under ``target``, without reading the bytes."""
+
+    def names(self, job: bytes) -> list[str]:
+        """The names of ``job`` the store holds."""
+
+    def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
+        """Remove a name, or every name of a job; bytes go with their last name."""
+
+    def count(self) -> int:
+        """How many distinct blobs (objects) the store holds."""
+
+
+class VoidBlobStore:
+    """The standalone mode's store: holds nothing, so a server's local disk is all there is."""
+
+    location = ""
+
+    def put(self, source: Path, key: bytes, target: JobBlob | None, epoch: int = 0) -> None:
+        pass
+
+    def fetch(self, target: ContentKey | JobBlob, write: Writer) -> bytes | None:
+        return None
+
+    def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
+        return None
+
+    def names(self, job: bytes) -> list[str]:
+        return []
+
+    def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
+        pass
+
+    def count(self) -> int:
+        return 0
+
+
+class _Files(Protocol):
+    """The few file operations the store needs, on paths relative to its root."""
+
+    location: str
+
+    def write_file(self, path: str, source: Path, marker: str | None = None) -> None: ...
+    def write_bytes(self, path: str, data: bytes) -> None: ...
+    def chunks(self, path: str) -> Iterator[bytes]: ...
+    def size(self, path: str) -> int | None: ...
+    def listdir(self, path: str) -> list[str]: ...
+    def remove(self, path: str) -> None: ...
+    def move(self, path: str, new_path: str) -> None: ...
+
+
+class _LocalFiles:
+    """A directory: temp file, fsync, rename, directory fsync."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.location = str(root)
+
+    def _path(self, path: str) -> Path:
+        return self.root / path
+
+    @contextlib.contextmanager
+    def _replacing(self, path: str, marker: str | None = None) -> Iterator[Path]:
+        """A temporary file to fill; on success it is synced and renamed to ``path``, and an
+        empty ``marker`` is created beside it before the directory is synced."""
+        final = self._path(path)
+        make_dirs(final.parent)
+        temp = final.parent / f".tmp-{secrets.token_hex(8)}"
+        try:
+            yield temp
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, final)
+            if marker is not None:
+                (final.parent / marker).touch()
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+        _fsync_dir(final.parent)
+
+    def write_file(self, path: str, source: Path, marker: str | None = None) -> None:
+        with self._replacing(path, marker) as temp:
+            shutil.copyfile(source, temp)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        if data:
+            with self._replacing(path) as temp:
+                temp.write_bytes(data)
+            return
+        # An empty marker has no bytes to lose: creating it is atomic, its directory entry
+        # is all that needs syncing.
+        final = self._path(path)
+        make_dirs(final.parent)
+        final.touch()
+        _fsync_dir(final.parent)
+
+    def chunks(self, path: str) -> Iterator[bytes]:
+        with open(self._path(path), "rb") as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+
+    def size(self, path: str) -> int | None:
+        try:
+            return self._path(path).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return [name for name in os.listdir(self._path(path)) if not name.startswith(".")]
+        except FileNotFoundError:
+            return []
+
+    def remove(self, path: str) -> None:
+        target = self._path(path)
+        try:
+            if target.is_dir():
+                target.rmdir()  # only ever asked of directories that should be empty
+            else:
+                target.unlink()
+        except (FileNotFoundError, OSError):
+            return
+        _fsync_dir(target.parent)
+
+    def move(self, path: str, new_path: str) -> None:
+        final = self._path(new_path)
+        make_dirs(final.parent)
+        os.replace(self._path(path), final)
+        _fsync_dir(final.parent)
+
+
+class _FsspecFiles:
+    """Any fsspec filesystem: the final path is written directly, then its size checked."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        self.fs: Any
+        self.fs, root = fsspec.core.url_to_fs(url)
+        self.root = root.rstrip("/")
+        self.location = url
+
+    def _path(self, path: str) -> str:
+        return f"{self.root}/{path}"
+
+    def _checked(self, path: str, size: int) -> None:
+        written = self.size(path)
+        if written != size:
+            raise OSError(f"{self.location}/{path}: wrote {size} bytes but the store holds {written}")
+
+    def write_file(self, path: str, source: Path, marker: str | None = None) -> None:
+        full = self._path(path)
+        self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
+        self.fs.put_file(str(source), full)
+        self._checked(path, source.stat().st_size)
+        if marker is not None:
+            self.write_bytes(f"{path.rpartition('/')[0]}/{marker}", b"")
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        full = self._path(path)
+        self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
+        self.fs.pipe_file(full, data)
+        self._checked(path, len(data))
+
+    def chunks(self, path: str) -> Iterator[bytes]:
+        with self.fs.open(self._path(path), "rb") as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+
+    def size(self, path: str) -> int | None:
+        try:
+            return int(self.fs.size(self._path(path)))
+        except FileNotFoundError:
+            return None
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            entries = self.fs.ls(self._path(path), detail=False)
+        except FileNotFoundError:
+            return []
+        return [str(entry).rstrip("/").rpartition("/")[2] for entry in entries]
+
+    def remove(self, path: str) -> None:
+        full = self._path(path)
+        with contextlib.suppress(FileNotFoundError, OSError):
+            if self.fs.isdir(full):
+                self.fs.rmdir(full)
+            else:
+                self.fs.rm_file(full)
+
+    def move(self, path: str, new_path: str) -> None:
+        full = self._path(new_path)
+        self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
+        self.fs.mv(self._path(path), full)
+
+
+class _Record(NamedTuple):
+    """A job name record: the key it names, the epoch of the leader that wrote it, the name."""
+
+    key: bytes
+    epoch: int
+    name: str
+
+
+def _name_hash(name: str) -> str:
+    return str(blake3.blake3(name.encode("utf-8")).hexdigest())
+
+
+class FileSystemBlobStore:
+    """Content-addressed durable copies under a directory or an fsspec URL.
+
+    Only the leader writes, so the locks here (per key, per job) are in-process: they keep
+    a DELETE from collecting an object that a concurrent PUT is naming.
+    """
+
+    def __init__(self, files: _Files) -> None:
+        self.files = files
+        self.location = files.location
+        self._keys = _LockTable()
+        self._jobs = _LockTable()
+
+    # --- paths ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _key_dir(key: str) -> str:
+        return f"objects/{key[:2]}/{key}"
+
+    @classmethod
+    def _object(cls, key: str) -> str:
+        return f"{cls._key_dir(key)}/{_DATA}"
+
+    @staticmethod
+    def _record(job: bytes, name_hash: str) -> str:
+        return f"jobs/{job.hex()}/{name_hash}"
+
+    @staticmethod
+    def _ref(target: JobBlob | None) -> str:
+        return _CONTENT_REF if target is None else f"{target.job.hex()}-{_name_hash(target.name)}"
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def put(self, source: Path, key: bytes, target: JobBlob | None, epoch: int = 0) -> None:
+        k = key.hex()
+        with self._keys.hold(key):
+            # An object of the wrong size is the debris of a write that never finished.
+            if self.files.size(self._object(k)) != source.stat().st_size:
+                self.files.write_file(self._object(k), source, marker=self._ref(target))
+            else:
+                self.files.write_bytes(f"{self._key_dir(k)}/{self._ref(target)}", b"")
+        if target is None:
+            return
+        with self._jobs.hold(target.job):
+            record = self._record(target.job, _name_hash(target.name))
+            replaced = self._read_record(record)
+            if replaced is not None and replaced.epoch > epoch:
+                # A deposed leader finishing a slow write: the newer leader's name stands.
+                raise NotLeader(f"a newer leader (epoch {replaced.epoch}) wrote this name; not overwritten")
+            self.files.write_bytes(record, f"{k}\n{epoch}\n{target.name}".encode())
+        if replaced is not None and replaced.key != key:
+            self._unref(replaced.key, self._ref(target))
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def _read_record(self, record: str) -> _Record | None:
+        """What a name record holds; None when there is no record."""
+        try:
+            text = b"".join(self.files.chunks(record)).decode("utf-8", "replace")
+        except FileNotFoundError:
+            return None
+        try:
+            key_hex, epoch, name = text.split("\n", 2)
+            parsed = _Record(bytes.fromhex(key_hex), int(epoch), name)
+        except ValueError:
+            parsed = None
+        if parsed is None or len(parsed.key) != KEY_SIZE:
+            raise DigestMismatch(f"the HA store's name record {self.location}/{record} is damaged; not served")
+        return parsed
+
+    def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
+        if isinstance(target, ContentKey):
+            k = target.key.hex()
+            return target.key if self.files.size(f"{self._key_dir(k)}/{_CONTENT_REF}") is not None else None
+        record = self._read_record(self._record(target.job, _name_hash(target.name)))
+        return None if record is None else record.key
+
+    def fetch(self, target: ContentKey | JobBlob, write: Writer) -> bytes | None:
+        key = self.key_of(target)
+        if key is None:
+            return None
+        path = self._object(key.hex())
+        hasher = blake3.blake3()
+        try:
+            for chunk in self.files.chunks(path):
+                hasher.update(chunk)
+                write(chunk)
+        except FileNotFoundError:
+            raise NotFound(f"the HA store names {key.hex()} but has lost its bytes") from None
+        if hasher.digest() != key:
+            self._quarantine(path, key.hex())
+            raise DigestMismatch(f"the HA store's copy of {key.hex()} is damaged; not served (moved to corrupt/)")
+        return key
+
+    def _quarantine(self, path: str, k: str) -> None:
+        """Move a damaged copy aside, so the next PUT of these bytes writes them afresh."""
+        with self._keys.hold(bytes.fromhex(k)), contextlib.suppress(OSError):
+            self.files.move(path, f"corrupt/{k}-{int(time.time())}")
+
+    def names(self, job: bytes) -> list[str]:
+        found = []
+        for name_hash in self.files.listdir(f"jobs/{job.hex()}"):
+            with contextlib.suppress(DigestMismatch):  # a damaged record names nothing
+                record = self._read_record(self._record(job, name_hash))
+                if record is not None:
+                    found.append(record.name)
+        return found
+
+    def count(self) -> int:
+        return sum(len(self.files.listdir(f"objects/{prefix}")) for prefix in self.files.listdir("objects"))
+
+    # --- deleting ---------------------------------------------------------------------------
+
+    def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
+        if isinstance(target, ContentKey):
+            self._unref(target.key, _CONTENT_REF)
+            return
+        job = target.job
+        hashes = [_name_hash(target.name)] if isinstance(target, JobBlob) else self.files.listdir(f"jobs/{job.hex()}")
+        with self._jobs.hold(job):
+            for name_hash in hashes:
+                record = self._record(job, name_hash)
+                try:
+                    held = self._read_record(record)
+                except DigestMismatch:
+                    held = None  # a damaged record names nothing we could collect
+                self.files.remove(record)
+                if held is not None:
+                    self._unref(held.key, f"{job.hex()}-{name_hash}")
+            self.files.remove(f"jobs/{job.hex()}")
+
+    def _unref(self, key: bytes, ref: str) -> None:
+        k = key.hex()
+        with self._keys.hold(key):
+            self.files.remove(f"{self._key_dir(k)}/{ref}")
+            if self.files.listdir(self._key_dir(k)) in ([], [_DATA]):
+                self.files.remove(self._object(k))
+                self.files.remove(self._key_dir(k))
+
+
+def open_blob_store(location: str | os.PathLike[str]) -> FileSystemBlobStore:
+    """The store at a directory path or an fsspec URL (``file://``, ``memory://``, ``s3://`` …)."""
+    text = str(location)
+    if "://" in text:
+        return FileSystemBlobStore(_FsspecFiles(text))
+    return FileSystemBlobStore(_LocalFiles(Path(text).expanduser()))

@@ -1,0 +1,166 @@
+"""The FileSystemBlobStore's promises, on a local directory, on fsspec ``file://`` and on
+fsspec's in-memory filesystem: content-addressed, durable names, collection with the last
+name, and digest-verified reads that never serve a damaged copy."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import blake3
+import pytest
+
+from blobsvc import BlobStorage, DigestMismatch, NotLeader
+from blobsvc._protocol import ContentKey, JobBlob, WholeJob
+from blobsvc.ha import FileSystemBlobStore, open_blob_store
+
+
+@pytest.fixture(params=["directory", "file-url", "memory-url"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FileSystemBlobStore]:
+    if request.param == "directory":
+        yield open_blob_store(tmp_path / "ha")
+    elif request.param == "file-url":
+        yield open_blob_store(f"file://{tmp_path}/ha")
+    else:
+        root = f"memory://blobsvc-test-{secrets.token_hex(4)}"
+        yield open_blob_store(root)
+        files = open_blob_store(root).files
+        with contextlib.suppress(FileNotFoundError):
+            files.fs.rm(files.root, recursive=True)  # type: ignore[attr-defined]
+
+
+def _source(tmp_path: Path, data: bytes) -> tuple[Path, bytes]:
+    path = tmp_path / f"src-{secrets.token_hex(4)}"
+    path.write_bytes(data)
+    return path, blake3.blake3(data).digest()
+
+
+def _fetch(store: FileSystemBlobStore, target: ContentKey | JobBlob) -> tuple[bytes | None, bytes]:
+    chunks: list[bytes] = []
+    key = store.fetch(target, chunks.append)
+    return key, b"".join(chunks)
+
+
+JOB = bytes(range(16))
+
+
+def test_a_content_blob_reads_back_verified(store: FileSystemBlobStore, tmp_path: Path) -> None:
+    path, key = _source(tmp_path, b"hello" * 1000)
+    store.put(path, key, None)
+    assert _fetch(store, ContentKey(key)) == (key, b"hello" * 1000)
+    assert store.count() == 1
+
+
+def test_a_missing_blob_is_none_not_an_error(store: FileSystemBlobStore) -> None:
+    assert store.fetch(ContentKey(bytes(32)), lambda _: None) is None
+    assert store.fetch(JobBlob(JOB, "absent"), lambda _: None) is None
+
+
+def test_names_share_one_copy_of_identical_content(store: FileSystemBlobStore, tmp_path: Path) -> None:
+    path, key = _source(tmp_path, b"shared bytes")
+    store.put(path, key, None)
+    store.put(path, key, JobBlob(JOB, "a.jar"))
+    store.put(path, key, JobBlob(bytes(16), "b.jar"))
+    assert store.count() == 1
+    assert _fetch(store, JobBlob(JOB, "a.jar")) == (key, b"shared bytes")
+    assert sorted(store.names(JOB)) == ["a.jar"]
+
+
+def test_replacing_a_name_collects_the_old_bytes(store: FileSystemBlobStore, tmp_path: Path) -> None:
+    old, old_key = _source(tmp_path, b"version 1")
+    new, new_key = _source(tmp_path, b"version 2")
+    store.put(old, old_key, JobBlob(JOB, "model"))
+    store.put(new, new_key, JobBlob(JOB, "model"))
+    assert _fetch(store, JobBlob(JOB, "model")) == (new_key, b"version 2")
+    assert store.count() == 1
+
+
+def test_bytes_go_with_their_last_name_only(store: FileSystemBlobStore, tmp_path: Path) -> None:
+    path, key = _source(tmp_path, b"twice named")
+    store.put(path, key, None)
+    store.put(path, key, JobBlob(JOB, "x"))
+    store.delete(ContentKey(key))
+    assert store.fetch(ContentKey(key), lambda _: None) is None
+    assert _fetch(store, JobBlob(JOB, "x")) == (key, b"twice named")
+    store.delete(JobBlob(JOB, "x"))
+    assert store.count() == 0
+
+
+def test_deleting_a_job_deletes_all_its_names(store: FileSystemBlobStore, tmp_path: Path) -> None:
+    for name in ("a", "b/c", "..", "é" * 100):
+        path, key = _source(tmp_path, name.encode() * 3)
+        store.put(path, key, JobBlob(JOB, name))
+    assert len(store.names(JOB)) == 4
+    store.delete(WholeJob(JOB))
+    assert store.names(JOB) == []
+    assert store.count() == 0
+    store.delete(WholeJob(JOB))  # what is gone is already deleted
+
+
+def test_a_damaged_copy_is_detected_never_served_and_rewritten_by_the_next_put(
+    store: FileSystemBlobStore, tmp_path: Path
+) -> None:
+    data = secrets.token_bytes(100_000)
+    path, key = _source(tmp_path, data)
+    store.put(path, key, JobBlob(JOB, "weights"))
+    object_path = f"objects/{key.hex()[:2]}/{key.hex()}/data"
+    damaged = bytearray(data)
+    damaged[50_000] ^= 0xFF
+    store.files.write_bytes(object_path, bytes(damaged))
+    with pytest.raises(DigestMismatch, match="damaged"):
+        _fetch(store, JobBlob(JOB, "weights"))
+    assert store.files.listdir("corrupt"), "the damaged copy is kept aside for an operator"
+    store.put(path, key, JobBlob(JOB, "weights"))
+    assert _fetch(store, JobBlob(JOB, "weights")) == (key, data)
+
+
+def test_a_partial_copy_is_rewritten_by_the_next_put(store: FileSystemBlobStore, tmp_path: Path) -> None:
+    data = secrets.token_bytes(10_000)
+    path, key = _source(tmp_path, data)
+    store.files.write_bytes(f"objects/{key.hex()[:2]}/{key.hex()}/data", data[:5000])  # a write that died
+    store.put(path, key, None)
+    assert _fetch(store, ContentKey(key)) == (key, data)
+
+
+def test_a_damaged_name_record_is_refused(store: FileSystemBlobStore, tmp_path: Path) -> None:
+    path, key = _source(tmp_path, b"x")
+    store.put(path, key, JobBlob(JOB, "n"))
+    (record,) = store.files.listdir(f"jobs/{JOB.hex()}")
+    store.files.write_bytes(f"jobs/{JOB.hex()}/{record}", b"not a key")
+    with pytest.raises(DigestMismatch, match="record"):
+        _fetch(store, JobBlob(JOB, "n"))
+
+
+def test_a_local_directory_store_leaves_no_temporary_files(tmp_path: Path) -> None:
+    store = open_blob_store(tmp_path / "ha")
+    path, key = _source(tmp_path, b"durable")
+    store.put(path, key, JobBlob(JOB, "n"))
+    leftovers = [p for p in (tmp_path / "ha").rglob(".tmp-*")]
+    assert leftovers == []
+
+
+def test_fetching_into_local_storage_publishes_a_verified_blob(tmp_path: Path) -> None:
+    """What a new leader's lazy recovery does: the HA copy goes through staging and publish."""
+    store = open_blob_store(tmp_path / "ha")
+    path, key = _source(tmp_path, b"recover me")
+    store.put(path, key, JobBlob(JOB, "n"))
+    storage = BlobStorage(tmp_path / "data")
+    storage.recover()
+    with storage.stage() as upload:
+        fetched = store.fetch(JobBlob(JOB, "n"), upload.write)
+        assert fetched == key
+        storage.publish(upload, JobBlob(JOB, "n"), fetched)
+    assert storage.stat(JobBlob(JOB, "n")) == (10, key)
+
+
+def test_a_name_written_by_a_newer_leader_is_not_overwritten_by_an_older_one(
+    store: FileSystemBlobStore, tmp_path: Path
+) -> None:
+    new, new_key = _source(tmp_path, b"from the new leader")
+    old, old_key = _source(tmp_path, b"from a deposed leader")
+    store.put(new, new_key, JobBlob(JOB, "model"), epoch=5)
+    with pytest.raises(NotLeader, match="newer leader"):
+        store.put(old, old_key, JobBlob(JOB, "model"), epoch=4)
+    assert _fetch(store, JobBlob(JOB, "model")) == (new_key, b"from the new leader")
