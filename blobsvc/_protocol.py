@@ -67,6 +67,8 @@ __all__ = [
     "GetRequest",
     "Hello",
     "JobBlob",
+    "LinkOk",
+    "LinkRequest",
     "ListEntry",
     "ListOk",
     "ListRequest",
@@ -115,6 +117,7 @@ class Op(enum.IntEnum):
     DELETE = 0x02
     STAT = 0x03
     LIST = 0x04
+    LINK = 0x05
     STATUS = 0x06
     AUTH = 0x7F
 
@@ -284,6 +287,17 @@ class ListRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkRequest:
+    """Name content the server already holds (its key) under a job name, sending no bytes."""
+
+    target: JobBlob
+    key: bytes
+
+    def __post_init__(self) -> None:
+        _check_key(self.key)
+
+
+@dataclass(frozen=True, slots=True)
 class StatusRequest:
     """Ask for the server's status: version, uptime, role, what it stores and serves."""
 
@@ -331,6 +345,14 @@ class StatOk:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkOk:
+    """The job name now holds the content: its size and digest, as STAT would answer."""
+
+    size: int
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class ListEntry:
     name: str
     size: int
@@ -361,8 +383,10 @@ class ErrorFrame:
         return cls is not None and cls.keeps_connection
 
 
-Request = AuthRequest | PutRequest | GetRequest | DeleteRequest | StatRequest | ListRequest | StatusRequest
-Reply = AuthOk | PutOk | GetOk | DeleteOk | StatOk | ListOk | StatusOk | ErrorFrame
+Request = (
+    AuthRequest | PutRequest | GetRequest | DeleteRequest | StatRequest | ListRequest | StatusRequest | LinkRequest
+)
+Reply = AuthOk | PutOk | GetOk | DeleteOk | StatOk | ListOk | StatusOk | LinkOk | ErrorFrame
 ServerEvent = Hello | Request | Data | PutTrailer
 ClientEvent = ServerHello | Reply | Data | EndOfBody
 
@@ -403,6 +427,8 @@ def encode_request(frame: Hello | Request | PutTrailer) -> bytes:
             return bytes([Op.LIST]) + _encode_target(WholeJob(job))
         case StatusRequest():
             return bytes([Op.STATUS])
+        case LinkRequest(target, key):
+            return bytes([Op.LINK]) + _encode_target(target) + key
     raise LocalProtocolError(f"a client does not send {type(frame).__name__}")
 
 
@@ -418,7 +444,7 @@ def encode_reply(frame: ServerHello | Reply) -> bytes:
             return b"\x00"
         case PutOk(key):
             return b"\x00" + key
-        case GetOk(size, digest) | StatOk(size, digest):
+        case GetOk(size, digest) | StatOk(size, digest) | LinkOk(size, digest):
             return b"\x00" + _SIZE_DIGEST.pack(size, digest)
         case ListOk(entries):
             parts = [b"\x00", _U32.pack(len(entries))]
@@ -519,6 +545,10 @@ def _read_request(cursor: _Cursor) -> Request:
         target = _read_target(cursor, op, (Addressing.JOB_ALL,))
         assert isinstance(target, WholeJob)
         return ListRequest(target.job)
+    if op is Op.LINK:
+        target = _read_target(cursor, op, (Addressing.JOB,))
+        assert isinstance(target, JobBlob)
+        return LinkRequest(target, cursor.take(KEY_SIZE))
     target = _read_target(cursor, op, _ANY if op is Op.DELETE else _SINGLE)
     if op is Op.PUT:
         assert not isinstance(target, ContentKey | WholeJob)
@@ -794,7 +824,7 @@ class ClientConnection(_Receiver):
         return frame
 
     def _read_ok(self, request: Hello | Request) -> ClientEvent | Signal:
-        if isinstance(request, GetRequest | StatRequest):
+        if isinstance(request, GetRequest | StatRequest | LinkRequest):
             if len(self._buf) < 1 + _SIZE_DIGEST.size:
                 return NEED_DATA
             size, digest = _SIZE_DIGEST.unpack_from(self._buf, 1)
@@ -802,6 +832,9 @@ class ClientConnection(_Receiver):
             if isinstance(request, StatRequest):
                 self._expected.popleft()
                 return StatOk(size, digest)
+            if isinstance(request, LinkRequest):
+                self._expected.popleft()
+                return LinkOk(size, digest)
             if request.offset > size:
                 raise RemoteProtocolError(f"GET reply of size {size} for offset {request.offset}")
             self._get = GetOk(size, digest, request.offset)

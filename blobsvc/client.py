@@ -45,6 +45,7 @@ from ._exceptions import (
     InvalidArgument,
     LocalProtocolError,
     NotLeader,
+    NotFound,
     ReadTimeout,
     RemoteProtocolError,
     ServerError,
@@ -52,7 +53,7 @@ from ._exceptions import (
     TransportError,
     error_for_code,
 )
-from ._ids import JobLike, KeyLike, job_bytes, key_bytes
+from ._ids import JobLike, KeyLike, hash_file, job_bytes, key_bytes
 from ._netio import SocketStream, connect
 from ._protocol import (
     CLOSED,
@@ -69,6 +70,8 @@ from ._protocol import (
     GetRequest,
     Hello,
     JobBlob,
+    LinkOk,
+    LinkRequest,
     ListOk,
     ListRequest,
     PutOk,
@@ -457,6 +460,33 @@ class AsyncBlobClient:
         """Delete every blob of ``job``."""
         await self._simple(DeleteRequest(WholeJob(job_bytes(job))), timeout)
 
+    async def link(self, key: KeyLike, *, job: JobLike, name: str, timeout: float | None = None) -> BlobInfo:
+        """Name content the server already holds as ``name`` of ``job``, sending none of its
+        bytes; raises :class:`NotFound` when the server does not hold ``key``."""
+        reply = await self._simple(LinkRequest(JobBlob(job_bytes(job), name), key_bytes(key)), timeout)
+        assert isinstance(reply, LinkOk)
+        return BlobInfo(reply.digest.hex(), reply.size, name)
+
+    async def put_file(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        job: JobLike,
+        name: str,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> tuple[BlobInfo, bool]:
+        """Store the file at ``path`` as ``name`` of ``job``, uploading its bytes only when the
+        server lacks them: the file is hashed here, LINKed, and PUT only on NOT_FOUND.
+        Returns the blob and whether its bytes were sent."""
+        key = await asyncio.to_thread(hash_file, Path(path))
+        try:
+            return await self.link(key, job=job, name=name, timeout=timeout), False
+        except NotFound:
+            pass
+        uploaded = await self.put(path, job=job, name=name, timeout=timeout, progress=progress)
+        return BlobInfo(uploaded, os.stat(path).st_size, name), True
+
     async def list(self, job: JobLike, *, timeout: float | None = None) -> list[BlobInfo]:
         """Every blob of ``job``, in no particular order."""
         reply = await self._simple(ListRequest(job_bytes(job)), timeout)
@@ -813,6 +843,8 @@ class BlobClient:
     delete_job = _blocking(AsyncBlobClient.delete_job)
     list = _blocking(AsyncBlobClient.list)
     status = _blocking(AsyncBlobClient.status)
+    link = _blocking(AsyncBlobClient.link)
+    put_file = _blocking(AsyncBlobClient.put_file)
 
     def close(self) -> None:
         if self._state is _State.CLOSED:

@@ -73,6 +73,8 @@ from ._protocol import (
     GetOk,
     GetRequest,
     JobBlob,
+    LinkOk,
+    LinkRequest,
     ListOk,
     ListRequest,
     PutOk,
@@ -532,6 +534,9 @@ class _Connection:
                 await self.server.ha.delete(target)  # the HA copy first: a lazy recovery must not revive it
                 await asyncio.to_thread(self.storage.delete, target)
                 await self._send(DeleteOk())
+            case LinkRequest(target, key):
+                size = await asyncio.to_thread(self.storage.link, key, target)
+                await self._send(LinkOk(size, key))
             case ListRequest(job):
                 await self.server.ha.recover_job(job)
                 entries = await asyncio.to_thread(self.storage.list_job, job)

@@ -38,6 +38,7 @@ from types import TracebackType
 import blake3
 
 from ._exceptions import DigestMismatch, InsufficientStorage, InternalError, NotFound
+from ._ids import hash_file
 from ._layout import Layout, decode_name, key_from_filename
 from ._protocol import ContentKey, JobBlob, ListEntry, WholeJob
 
@@ -84,13 +85,6 @@ def _remove(path: Path) -> None:
             path.unlink()
     except FileNotFoundError:
         pass
-
-
-def hash_file(path: Path) -> bytes:
-    """BLAKE3 of a file's content, using every core for large files."""
-    if path.stat().st_size == 0:
-        return blake3.blake3().digest()
-    return blake3.blake3(max_threads=blake3.blake3.AUTO).update_mmap(path).digest()
 
 
 class _LockTable:
@@ -254,6 +248,21 @@ class BlobStorage:
         if replaced is not None and replaced != key:
             self._collect(replaced)
         return key
+
+    def link(self, key: bytes, target: JobBlob) -> int:
+        """Name content already stored (under any name) as ``target``, atomically replacing an
+        older blob of that name, and return its size: publishing without the bytes.
+        :class:`NotFound` when no name holds ``key``."""
+        replaced = None
+        with _disk_errors(), self._jobs.hold(target.job), self._keys.hold(key):
+            try:
+                size = self.layout.object(key).stat().st_size
+            except FileNotFoundError:
+                raise NotFound(f"no blob with key {key.hex()} to link as {target.name!r}") from None
+            replaced = self._link_job(key, target)
+        if replaced is not None and replaced != key:
+            self._collect(replaced)
+        return size
 
     @contextlib.contextmanager
     def _collected_on_failure(self, key: bytes) -> Iterator[None]:
