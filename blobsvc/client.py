@@ -477,15 +477,18 @@ class AsyncBlobClient:
         progress: Progress | None = None,
     ) -> tuple[BlobInfo, bool]:
         """Store the file at ``path`` as ``name`` of ``job``, uploading its bytes only when the
-        server lacks them: the file is hashed here, LINKed, and PUT only on NOT_FOUND.
-        Returns the blob and whether its bytes were sent."""
+        server lacks them: the file is hashed here and LINKed; on NOT_FOUND its bytes are PUT
+        as a content-addressed blob, which outlives the job (the next run of a pipeline links
+        it again), and LINKed. Returns the blob and whether its bytes were sent."""
         key = await asyncio.to_thread(hash_file, Path(path))
         try:
             return await self.link(key, job=job, name=name, timeout=timeout), False
         except NotFound:
             pass
-        uploaded = await self.put(path, job=job, name=name, timeout=timeout, progress=progress)
-        return BlobInfo(uploaded, os.stat(path).st_size, name), True
+        uploaded = await self.put(path, timeout=timeout, progress=progress)
+        if uploaded != key.hex():
+            raise DigestMismatch(f"{path} changed while it was published")
+        return await self.link(key, job=job, name=name, timeout=timeout), True
 
     async def list(self, job: JobLike, *, timeout: float | None = None) -> list[BlobInfo]:
         """Every blob of ``job``, in no particular order."""

@@ -1,0 +1,32 @@
+"""blobsvc for PySpark: ship files, Python modules, archives and jars to every executor.
+
+```python
+from blobsvc.spark import publish
+
+with publish(spark, files=["model.bin"], py_files=["udfs.zip"], archives=["env.tar.gz#env"]) as shipped:
+    def score(rows):
+        import udfs                       # py_files are importable in tasks
+        model = shipped.path("model.bin")  # a verified, read-only local file
+        ...
+    df.rdd.mapPartitions(score).collect()
+```
+
+The modules, one job each:
+
+* ``_publish``: the driver uploads a job's artifacts, sending only bytes the server lacks;
+* ``_handle``: :class:`Shipped`, the picklable handle tasks resolve paths through;
+* ``_local``: resolution through the host's BlobCache, and who holds a job's lease when;
+* ``_archives``: archives unpacked once per host per digest, atomically and safely;
+* ``_artifacts``: what is shipped, under which name.
+"""
+
+try:
+    import pyspark  # noqa: F401
+except ImportError as exc:  # pragma: no cover - the test extra installs pyspark
+    raise ImportError("blobsvc.spark needs PySpark: pip install blobsvc[spark]") from exc
+
+from ._archives import UnsafeArchive
+from ._handle import Shipped
+from ._publish import CONF_KEYS, publish
+
+__all__ = ["CONF_KEYS", "Shipped", "UnsafeArchive", "publish"]

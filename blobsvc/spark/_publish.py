@@ -1,0 +1,99 @@
+"""The driver's side: ``publish`` uploads a job's artifacts (only bytes the server lacks)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from .._ids import new_job_id
+from ..client import BlobClient
+from ..config import Settings
+from ._artifacts import Artifact, Kind, Source, parse_source
+from ._handle import Shipped
+from ._local import CacheOptions
+
+__all__ = ["CONF_KEYS", "publish"]
+
+log = logging.getLogger("blobsvc.spark")
+
+CONF_KEYS = {
+    "server": "spark.blobsvc.server",
+    "cache_dir": "spark.blobsvc.cacheDir",
+    "secret_file": "spark.blobsvc.secretFile",
+    "cleanup_interval": "spark.blobsvc.cleanupInterval",
+    "cache_max_bytes": "spark.blobsvc.cacheMaxBytes",
+}
+"""Spark conf keys of the blobsvc settings ``publish`` reads (the ``BLOBSVC_*`` environment
+and the defaults fill in the rest)."""
+
+Paths = Iterable[str | os.PathLike[str]]
+
+
+def publish(
+    spark: Any,
+    files: Paths = (),
+    *,
+    py_files: Paths = (),
+    archives: Paths = (),
+    jars: Paths = (),
+    server: str | None = None,
+) -> Shipped:
+    """Upload artifacts as the blobs of a fresh job and return the handle tasks use.
+
+    ``spark`` is a SparkSession or SparkContext. Each artifact is named by its base name or
+    by a ``#alias`` (``"env.tar.gz#env"``). A file whose bytes the server holds already (an
+    earlier run's) is linked, not sent. Use ``with publish(...) as shipped:`` so that the
+    job is deleted on the server when the block ends.
+    """
+    context = getattr(spark, "sparkContext", spark)
+    conf = context.getConf()
+    from_conf = {field: conf.get(key) for field, key in CONF_KEYS.items()}
+    settings = Settings.load({**from_conf, "server": server or from_conf["server"]})
+    sources = [
+        *(parse_source(f, Kind.FILE) for f in _each(files)),
+        *(parse_source(f, Kind.PY) for f in _each(py_files)),
+        *(parse_source(f, Kind.ARCHIVE) for f in _each(archives)),
+        *(parse_source(f, Kind.JAR) for f in _each(jars)),
+    ]
+    seen: set[str] = set()
+    for source in sources:
+        if source.name in seen:
+            raise ValueError(f"two artifacts are named {source.name!r}: give one an #alias")
+        seen.add(source.name)
+    options = CacheOptions(
+        settings.server,
+        cache_dir=from_conf["cache_dir"],
+        secret_file=from_conf["secret_file"],
+        cleanup_interval=settings.cleanup_interval if from_conf["cleanup_interval"] else None,
+        max_bytes=settings.cache_max_bytes if from_conf["cache_max_bytes"] else None,
+    )
+    job = new_job_id()
+    with BlobClient(settings.server, secret=settings.secret(), timeout=settings.timeout) as client:
+        artifacts, sent = _upload(client, job, sources)
+    shipped = Shipped(job, options, artifacts, owner=True)
+    shipped.sent_bytes = sent
+    log.info("published %d artifact(s) as job %s on %s; %d bytes sent", len(artifacts), job, settings.server, sent)
+    return shipped
+
+
+def _each(paths: Paths) -> list[str | os.PathLike[str]]:
+    if isinstance(paths, str | os.PathLike):
+        return [paths]  # one path given where a list was meant: not its characters
+    return list(paths)
+
+
+def _upload(client: BlobClient, job: str, sources: list[Source]) -> tuple[tuple[Artifact, ...], int]:
+    """Every source as a blob of ``job``; on any failure the half-published job is deleted."""
+    artifacts = []
+    sent = 0
+    try:
+        for source in sources:
+            info, uploaded = client.put_file(source.path, job=job, name=source.name)
+            sent += info.size if uploaded else 0
+            artifacts.append(Artifact(source.name, source.kind, info.key, info.size, source.path.name))
+    except BaseException:
+        client.delete_job(job)
+        raise
+    return tuple(artifacts), sent

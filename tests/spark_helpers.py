@@ -1,0 +1,69 @@
+"""Real PySpark on ``local-cluster[2,1,1024]``, bound to loopback, for the Spark tests and
+the Spark benchmark: two executor JVMs, each with its own Python workers.
+
+Functions that tasks run must not come from here: executors cannot import the tests package.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pyspark
+
+MASTER = "local-cluster[2,1,1024]"
+
+
+def start_session(work_dir: Path, conf: dict[str, str], *, name: str = "blobsvc-test") -> Any:
+    """A SparkSession on two executors. ``work_dir`` receives the workers' directories and
+    logs (Spark puts them under its own install otherwise)."""
+    from pyspark.sql import SparkSession
+
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["SPARK_WORKER_DIR"] = str(work_dir)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    builder = (
+        SparkSession.builder.master(MASTER)
+        .appName(name)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.task.maxFailures", "4")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def compile_udf_jar(directory: Path) -> Path:
+    """A jar with ``blobsvc.test.Shout`` (a Spark ``UDF1<String, String>`` upper-casing its
+    argument and appending ``!``), compiled here with the machine's javac."""
+    source = directory / "src" / "blobsvc" / "test" / "Shout.java"
+    source.parent.mkdir(parents=True)
+    source.write_text(
+        "package blobsvc.test;\n"
+        "import org.apache.spark.sql.api.java.UDF1;\n"
+        "public class Shout implements UDF1<String, String> {\n"
+        '    public String call(String s) { return s == null ? null : s.toUpperCase() + "!"; }\n'
+        "}\n"
+    )
+    jars = Path(pyspark.__file__).parent / "jars"
+    classpath = os.pathsep.join(str(j) for j in jars.glob("spark-sql-api_*.jar"))
+    classes = directory / "classes"
+    subprocess.run(
+        ["javac", "--release", "17", "-cp", classpath, "-d", str(classes), str(source)], check=True, timeout=120
+    )
+    jar = directory / "shout.jar"
+    with zipfile.ZipFile(jar, "w") as out:
+        out.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+        for path in classes.rglob("*.class"):
+            out.write(path, path.relative_to(classes).as_posix())
+    return jar

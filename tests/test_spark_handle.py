@@ -1,0 +1,101 @@
+"""blobsvc.spark without a Spark session: the extra's error, publishing's checks, the handle.
+
+``publish`` reads only ``getConf()`` of what it is given, so these tests hand it a real
+``SparkConf`` (pure Python until a SparkContext exists) instead of starting a JVM."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark import SparkConf
+
+from blobsvc import BlobClient
+from blobsvc.spark import Shipped, publish
+
+from .conftest import ServerThread
+
+
+class Conf:
+    def __init__(self, **conf: str) -> None:
+        self._conf = SparkConf(loadDefaults=False).setAll(list(conf.items()))
+
+    def getConf(self) -> SparkConf:
+        return self._conf
+
+
+def test_importing_without_pyspark_names_the_extra() -> None:
+    code = "import sys; sys.modules['pyspark'] = None; import blobsvc.spark"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "ImportError: blobsvc.spark needs PySpark: pip install blobsvc[spark]" in result.stderr
+
+
+def test_publish_uploads_under_basenames_and_aliases_and_release_deletes_the_job(
+    server_thread: ServerThread, tmp_path: Path
+) -> None:
+    (tmp_path / "model.bin").write_bytes(b"weights")
+    (tmp_path / "env.tgz").write_bytes(b"not checked until unpacked")
+    spark = Conf(**{"spark.blobsvc.server": server_thread.address, "spark.blobsvc.cacheDir": str(tmp_path / "c")})
+    with publish(spark, [tmp_path / "model.bin"], archives=[f"{tmp_path / 'env.tgz'}#env"]) as shipped:
+        assert shipped.sent_bytes == len(b"weights") + len(b"not checked until unpacked")
+        with BlobClient(server_thread.address) as client:
+            assert sorted(info.name or "" for info in client.list(shipped.job)) == ["env", "model.bin"]
+        assert shipped.path("model.bin").read_bytes() == b"weights"
+        with pytest.raises(KeyError, match=r"'nope' was not published .*\(published: env, model.bin\)"):
+            shipped.path("nope")
+    with BlobClient(server_thread.address) as client:
+        assert client.list(shipped.job) == []
+    shipped.release()  # idempotent
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"files": ["missing.bin"]}, "no such file"),
+        ({"py_files": ["model.bin"]}, "py_files take"),
+        ({"archives": ["model.bin"]}, "not an archive"),
+        ({"jars": ["model.bin"]}, "jars must end in .jar"),
+        ({"files": ["model.bin", "other/model.bin"]}, "two artifacts are named 'model.bin'"),
+    ],
+)
+def test_publish_refuses_bad_input_before_uploading_anything(
+    server_thread: ServerThread,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kwargs: dict[str, list[str]],
+    words: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("model.bin").write_bytes(b"m")
+    Path("other").mkdir()
+    Path("other/model.bin").write_bytes(b"m2")
+    with pytest.raises(ValueError, match=words):
+        publish(Conf(**{"spark.blobsvc.server": server_thread.address}), **kwargs)  # type: ignore[arg-type]
+    assert server_thread.server.requests["PUT"] == server_thread.server.requests["LINK"] == 0
+
+
+def test_the_handle_pickles_small_without_the_secret_and_only_the_driver_releases(
+    server_thread: ServerThread, tmp_path: Path
+) -> None:
+    (tmp_path / "secret").write_text("s3cret-value")
+    (tmp_path / "a.bin").write_bytes(b"a")
+    server = server_thread.address
+    with publish(
+        Conf(**{"spark.blobsvc.server": server, "spark.blobsvc.secretFile": str(tmp_path / "secret")}),
+        [tmp_path / "a.bin"],
+    ) as shipped:
+        wire = pickle.dumps(shipped)
+        assert len(wire) < 1024 and b"s3cret" not in wire and str(tmp_path / "secret").encode() in wire
+        copy = pickle.loads(wire)
+        assert isinstance(copy, Shipped) and copy.job == shipped.job
+        with pytest.raises(RuntimeError, match="only the driver"):
+            copy.release()
+    with pytest.raises(FileNotFoundError):  # a secret file named but missing: before any upload
+        publish(
+            Conf(**{"spark.blobsvc.server": server, "spark.blobsvc.secretFile": str(tmp_path / "nope")}),
+            [tmp_path / "a.bin"],
+        )
