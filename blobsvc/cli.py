@@ -386,13 +386,9 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
         raise click.UsageError("name the blob with a KEY, or --job and --name")
     if key is not None and job is not None:
         raise click.UsageError("give a KEY or --job, not both")
+    http_url = http_url or settings.http_url
     if http_url is None:
-        ports = settings.http_ports
-        if ports is None or len(ports) != 1 or ports.start == 0:
-            raise click.UsageError("give --http-url, or --http-port (one port) to go with --server's host")
-        host = settings.server_address[0]
-        scheme = "https" if settings.tls_ca is not None else "http"  # a TLS server's HTTP face is TLS too
-        http_url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{ports.start}"
+        raise click.UsageError("give --http-url, or --http-port (one port) to go with --server's host")
     try:
         click.echo(blob_url(http_url, key=key, job=job, name=name, secret=settings.secret(), expires_in=expires_in))
     except ValueError as exc:

@@ -374,6 +374,17 @@ class Settings:
         return None if self.http_port is None else parse_port_range(self.http_port)
 
     @property
+    def http_url(self) -> str | None:
+        """``http(s)://<server host>:<http_port>``, the HTTP face of the server the client
+        commands use; None unless ``http_port`` names one port."""
+        ports = self.http_ports
+        if ports is None or len(ports) != 1 or ports.start == 0:
+            return None
+        host = self.server_address[0]
+        scheme = "https" if self.tls_ca is not None else "http"  # a TLS server's HTTP face is TLS too
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{ports.start}"
+
+    @property
     def server_address(self) -> tuple[str, int]:
         return parse_address(self.server)
 

@@ -4,6 +4,7 @@ the module starts two (the second application is the point of one test)."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import signal
@@ -28,6 +29,7 @@ from .test_cache_faults import FaultyProxy, running
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
 
+EXAMPLES = Path(__file__).parent.parent / "examples"
 CLEANUP_INTERVAL = 2.0
 TASKS = 8
 
@@ -52,8 +54,11 @@ class Cluster:
 
 
 def conf(server: ServerThread, cache_dir: Path) -> dict[str, str]:
+    http = server.server.http_address
+    assert http is not None
     return {
         "spark.blobsvc.server": server.address,
+        "spark.blobsvc.httpUrl": f"http://{http[0]}:{http[1]}",
         "spark.blobsvc.cacheDir": str(cache_dir),
         "spark.blobsvc.cleanupInterval": str(CLEANUP_INTERVAL),
     }
@@ -62,7 +67,7 @@ def conf(server: ServerThread, cache_dir: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("spark")
-    settings = Settings(host="127.0.0.1", port="0", data_dir=root / "data", io_timeout=10.0)
+    settings = Settings(host="127.0.0.1", port="0", http_port="0", data_dir=root / "data", io_timeout=10.0)
     server = ServerThread(settings).start()
     cache_dir = root / "cache"
     session = start_session(root / "work", conf(server, cache_dir))
@@ -179,24 +184,43 @@ def test_tasks_on_both_executors_get_every_kind_of_artifact_downloaded_once(
     assert len(list((cluster.cache_dir / "unpacked").iterdir())) == 2  # env's tree and its lock
 
 
-def test_a_second_job_and_a_second_application_upload_and_download_nothing(
-    cluster: Cluster, artifacts: Artifacts
-) -> None:
-    with publish_all(cluster, artifacts) as first:
+def test_a_java_udf_from_a_shipped_jar_runs_on_the_executors(cluster: Cluster, artifacts: Artifacts) -> None:
+    from pyspark.sql.types import StringType
+
+    before = cluster.requests().get("HTTP GET", 0)
+    with publish(cluster.session, jars=artifacts.jars) as shipped:
+        assert list(shipped.jar_urls) == ["shout.jar"]
+        # The driver's class loader must see the class too: ADD JAR gave it the URL.
+        cluster.session.udf.registerJavaFunction("shout", "blobsvc.test.Shout", StringType())
+        rows = cluster.session.range(0, TASKS, 1, TASKS).selectExpr("shout(cast(id as string)) AS s").collect()
+    assert sorted(row.s for row in rows) == [f"{i}!" for i in range(TASKS)]
+    assert cluster.requests().get("HTTP GET", 0) > before, "the jar came from blobsvc's HTTP face"
+
+
+def test_the_example_pipeline_scores_with_its_shipped_model_and_module(cluster: Cluster, tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("score_pipeline", EXAMPLES / "score_pipeline.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    scores = dict(example.run(cluster.session, tmp_path))
+    assert scores["Great tool, I love it"] == 4.0 and scores["slow and broken"] == -2.5
+    assert len(scores) == len(example.REVIEWS)
+
+
+def test_a_second_application_uploads_and_downloads_nothing(cluster: Cluster, artifacts: Artifacts) -> None:
+    with publish_all(cluster, artifacts) as first:  # the host's cache has it all after this
         use_everything(cluster, first)
     before = cluster.requests()
+    cluster.new_application()
     with publish_all(cluster, artifacts) as second:
         assert second.sent_bytes == 0
-        use_everything(cluster, second)
-    cluster.new_application()
-    with publish_all(cluster, artifacts) as third:
-        assert third.sent_bytes == 0
-        rows = use_everything(cluster, third)
+        rows = use_everything(cluster, second)
     after = cluster.requests()
     assert {row[0] for row in rows} == {"0", "1"}
     assert after.get("PUT", 0) == before.get("PUT", 0), "no bytes uploaded"
+    # Jars are the exception: executor JVMs fetch them with Spark's fetcher, over HTTP.
     assert after.get("GET", 0) == before.get("GET", 0), "no bytes downloaded"
-    assert after["LINK"] - before["LINK"] == 12  # 6 artifacts, 2 publications
+    assert after["LINK"] - before["LINK"] == 6  # one per artifact, each answered with the size
 
 
 def test_leaving_publish_deletes_the_job_and_host_caches_drop_its_files_after_the_interval(

@@ -60,6 +60,7 @@ def test_publish_uploads_under_basenames_and_aliases_and_release_deletes_the_job
         ({"archives": ["model.bin"]}, "not an archive"),
         ({"jars": ["model.bin"]}, "jars must end in .jar"),
         ({"files": ["model.bin", "other/model.bin"]}, "two artifacts are named 'model.bin'"),
+        ({"jars": ["udf.jar"]}, "jars reach the executor JVMs over the server's HTTP face"),
     ],
 )
 def test_publish_refuses_bad_input_before_uploading_anything(
@@ -73,6 +74,7 @@ def test_publish_refuses_bad_input_before_uploading_anything(
     Path("model.bin").write_bytes(b"m")
     Path("other").mkdir()
     Path("other/model.bin").write_bytes(b"m2")
+    Path("udf.jar").write_bytes(b"PK")
     with pytest.raises(ValueError, match=words):
         publish(Conf(**{"spark.blobsvc.server": server_thread.address}), **kwargs)  # type: ignore[arg-type]
     assert server_thread.server.requests["PUT"] == server_thread.server.requests["LINK"] == 0

@@ -27,6 +27,6 @@ except ImportError as exc:  # pragma: no cover - the test extra installs pyspark
 
 from ._archives import UnsafeArchive
 from ._handle import Shipped
-from ._publish import CONF_KEYS, publish
+from ._publish import CONF_KEYS, HTTP_URL_KEY, publish
 
-__all__ = ["CONF_KEYS", "Shipped", "UnsafeArchive", "publish"]
+__all__ = ["CONF_KEYS", "HTTP_URL_KEY", "Shipped", "UnsafeArchive", "publish"]

@@ -28,6 +28,8 @@ class Shipped:
         self.artifacts = {artifact.name: artifact for artifact in artifacts}
         self._owner = owner
         self.released = False
+        self.jar_urls: dict[str, str] = {}
+        """The URL Spark was given for each jar (signed when the server has a secret)."""
         self.sent_bytes = 0
         """Bytes publish uploaded (0 when the server held every artifact already)."""
 

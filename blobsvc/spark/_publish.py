@@ -14,7 +14,7 @@ from ._artifacts import Artifact, Kind, Source, parse_source
 from ._handle import Shipped
 from ._local import CacheOptions
 
-__all__ = ["CONF_KEYS", "publish"]
+__all__ = ["CONF_KEYS", "HTTP_URL_KEY", "publish"]
 
 log = logging.getLogger("blobsvc.spark")
 
@@ -24,7 +24,12 @@ CONF_KEYS = {
     "secret_file": "spark.blobsvc.secretFile",
     "cleanup_interval": "spark.blobsvc.cleanupInterval",
     "cache_max_bytes": "spark.blobsvc.cacheMaxBytes",
+    "http_port": "spark.blobsvc.httpPort",
 }
+HTTP_URL_KEY = "spark.blobsvc.httpUrl"
+# Executors that join later (dynamic allocation, a lost executor replaced) fetch the jars
+# then: their signed URLs must outlive any job a pipeline runs.
+JAR_URL_LIFETIME = 7 * 24 * 3600.0
 """Spark conf keys of the blobsvc settings ``publish`` reads (the ``BLOBSVC_*`` environment
 and the defaults fill in the rest)."""
 
@@ -62,6 +67,12 @@ def publish(
         if source.name in seen:
             raise ValueError(f"two artifacts are named {source.name!r}: give one an #alias")
         seen.add(source.name)
+    http_url = conf.get(HTTP_URL_KEY) or settings.http_url
+    if http_url is None and any(source.kind is Kind.JAR for source in sources):
+        raise ValueError(
+            f"jars reach the executor JVMs over the server's HTTP face: set {HTTP_URL_KEY} "
+            f"(http://host:port) or {CONF_KEYS['http_port']}"
+        )
     options = CacheOptions(
         settings.server,
         cache_dir=from_conf["cache_dir"],
@@ -73,6 +84,8 @@ def publish(
     with BlobClient(settings.server, secret=settings.secret(), timeout=settings.timeout) as client:
         artifacts, sent = _upload(client, job, sources)
     shipped = Shipped(job, options, artifacts, owner=True)
+    if http_url is not None:
+        _add_jars(spark, context, http_url, shipped, settings.secret())
     shipped.sent_bytes = sent
     log.info("published %d artifact(s) as job %s on %s; %d bytes sent", len(artifacts), job, settings.server, sent)
     return shipped
@@ -97,3 +110,20 @@ def _upload(client: BlobClient, job: str, sources: list[Source]) -> tuple[tuple[
         client.delete_job(job)
         raise
     return tuple(artifacts), sent
+
+
+def _add_jars(spark: Any, context: Any, http_url: str, shipped: Shipped, secret: bytes | None) -> None:
+    """Hand each jar's URL to Spark: executors fetch it with Spark's own fetcher, and the
+    driver's session class loader loads from it, so that ``registerJavaFunction`` finds its
+    classes. ``ADD JAR`` does both; a bare SparkContext only reaches the executors."""
+    from ..http import blob_url
+
+    for artifact in shipped.artifacts.values():
+        if artifact.kind is not Kind.JAR:
+            continue
+        url = blob_url(http_url, job=shipped.job, name=artifact.name, secret=secret, expires_in=JAR_URL_LIFETIME)
+        if hasattr(spark, "sql"):
+            spark.sql(f"ADD JAR '{url}'")
+        else:
+            context.addJar(url)
+        shipped.jar_urls[artifact.name] = url
