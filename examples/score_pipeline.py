@@ -47,8 +47,9 @@ def run(spark: Any, workdir: Path) -> list[tuple[str, float]]:
 
     with publish(spark, files=[HERE / "lexicon.json"], py_files=[zip_package(workdir)]) as shipped:
 
-        @F.udf(returnType=DoubleType())
-        def score_review(text: str) -> float:
+        # No type hints on a UDF: PySpark would read them as a pandas UDF's.
+        @F.udf(returnType=DoubleType(), useArrow=False)
+        def score_review(text):  # type: ignore[no-untyped-def]
             import sentiment  # shipped as sentiment.zip: importable in every task
 
             return float(sentiment.score(text, shipped.path("lexicon.json")))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from blobsvc.spark import UnsafeArchive
-from blobsvc.spark._archives import archive_kind, remove_unpacked, unpack
+from blobsvc.spark._archives import archive_kind, prune, remove_unpacked, unpack
 
 
 def tar(path: Path, *members: tarfile.TarInfo | tuple[str, bytes]) -> Path:
@@ -137,3 +137,15 @@ def test_processes_unpacking_at_once_share_one_tree_and_a_killed_unpacker_leaves
     assert len(list((root / "shared").iterdir())) == 64
     remove_unpacked(root / "shared")
     assert not (root / "shared").exists()
+
+
+def test_prune_removes_only_trees_whose_archive_left_the_cache(tmp_path: Path) -> None:
+    content = tmp_path / "content"
+    content.mkdir()
+    (content / "kept").write_bytes(b"archive bytes")
+    archive = tar(tmp_path / "a.tar", ("x", b"x"))
+    root = tmp_path / "unpacked"
+    for key in ("kept", "evicted"):
+        unpack(root, key, archive, "tar")
+    assert prune(root, content) == ["evicted"]
+    assert sorted(p.name for p in root.iterdir()) == [".kept.lock", "kept"]

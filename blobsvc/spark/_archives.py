@@ -7,6 +7,9 @@ in any later application, finds the directory and uses it as it is. So no task e
 half-unpacked directory, and a process killed midway leaves only a temporary directory that
 the next unpack removes.
 
+Unpacked trees are not counted in the cache's byte limit; each lives as long as its archive
+is in the cache, and :func:`prune` (run as each new tree is unpacked) removes the others.
+
 Every member is checked before a byte is written: an absolute path, a ``..`` component, a
 device or FIFO, or a link whose target lands outside the directory refuses the whole archive
 with :class:`UnsafeArchive`, and nothing is unpacked. Tar members are extracted with
@@ -29,7 +32,7 @@ from pathlib import Path
 from .._exceptions import BlobError
 from ..cache._lock import FileLock
 
-__all__ = ["ARCHIVE_SUFFIXES", "UnsafeArchive", "archive_kind", "unpack", "remove_unpacked"]
+__all__ = ["ARCHIVE_SUFFIXES", "UnsafeArchive", "archive_kind", "prune", "remove_unpacked", "unpack"]
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 _TEMP_PREFIX = ".unpacking-"
@@ -139,6 +142,28 @@ def _lock(root: Path, key: str) -> Iterator[None]:
     lock = FileLock(root / f".{key}.lock")
     with lock:
         yield
+
+
+def prune(root: Path, content_dir: Path) -> list[str]:
+    """Remove the trees whose archive has left the cache (``content_dir/<key>`` is gone): an
+    archive a registered job uses is never evicted, so no task is using such a tree. A tree
+    being unpacked right now (its lock held) is left alone. Returns the keys removed."""
+    removed = []
+    for tree in root.iterdir() if root.is_dir() else ():
+        key = tree.name
+        if key.startswith(".") or (content_dir / key).exists():
+            continue
+        lock = FileLock(root / f".{key}.lock")
+        if not lock.acquire(blocking=False):
+            continue
+        try:
+            if not (content_dir / key).exists():
+                remove_unpacked(tree)
+                removed.append(key)
+            lock.unlink()
+        finally:
+            lock.release()
+    return removed
 
 
 def unpack(root: Path, key: str, archive: Path, kind: str) -> Path:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..cache import BlobCache
 from ..config import Settings
-from ._archives import archive_kind, unpack
+from ._archives import archive_kind, prune, unpack
 from ._artifacts import Artifact, Kind
 
 __all__ = ["CacheOptions", "current_task", "hold", "release_driver", "resolve", "add_py_files"]
@@ -147,7 +147,10 @@ def resolve(options: CacheOptions, job: str, artifact: Artifact) -> Path:
     cache = hold(options, job)
     path = cache.path(job, artifact.name)
     if artifact.kind is Kind.ARCHIVE:
-        return unpack(cache.root / "unpacked", artifact.key, path, archive_kind(artifact.filename))
+        trees = cache.root / "unpacked"
+        if not (trees / artifact.key).is_dir():
+            prune(trees, cache.store.content_dir)
+        return unpack(trees, artifact.key, path, archive_kind(artifact.filename))
     return path
 
 
