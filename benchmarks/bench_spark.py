@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -38,29 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from blobsvc import BlobServer, Settings
+from tests.spark_helpers import MASTER, start_session
 
-MASTER = "local-cluster[2,1,1024]"
 READ_CHUNK = 4 << 20
 
 
 def session(work_dir: Path, server: str, cache_dir: Path, name: str) -> Any:
-    from pyspark.sql import SparkSession
-
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["SPARK_WORKER_DIR"] = str(work_dir)
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = (
-        SparkSession.builder.master(MASTER)
-        .appName(name)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.blobsvc.server", server)
-        .config("spark.blobsvc.cacheDir", str(cache_dir))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    conf = {"spark.blobsvc.server": server, "spark.blobsvc.cacheDir": str(cache_dir)}
+    spark = start_session(work_dir, conf, name=name)
     warm_up(spark)
     return spark
 
