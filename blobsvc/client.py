@@ -473,21 +473,24 @@ class AsyncBlobClient:
         *,
         job: JobLike,
         name: str,
+        key: KeyLike | None = None,
         timeout: float | None = None,
         progress: Progress | None = None,
     ) -> tuple[BlobInfo, bool]:
         """Store the file at ``path`` as ``name`` of ``job``, uploading its bytes only when the
         server lacks them: the file is hashed here and LINKed; on NOT_FOUND its bytes are PUT
         as a content-addressed blob, which outlives the job (the next run of a pipeline links
-        it again), and LINKed. Returns the blob and whether its bytes were sent."""
-        key = await asyncio.to_thread(hash_file, Path(path))
+        it again), and LINKed. A ``key`` known already (from a digest remembered by the
+        caller) saves the hashing; an upload whose bytes do not hash to it raises
+        :class:`DigestMismatch`. Returns the blob and whether its bytes were sent."""
+        key = key_bytes(key) if key is not None else await asyncio.to_thread(hash_file, Path(path))
         try:
             return await self.link(key, job=job, name=name, timeout=timeout), False
         except NotFound:
             pass
         uploaded = await self.put(path, timeout=timeout, progress=progress)
         if uploaded != key.hex():
-            raise DigestMismatch(f"{path} changed while it was published")
+            raise DigestMismatch(f"{path} does not hash to {key.hex()} (changed while it was published?)")
         return await self.link(key, job=job, name=name, timeout=timeout), True
 
     async def list(self, job: JobLike, *, timeout: float | None = None) -> list[BlobInfo]:

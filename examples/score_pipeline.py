@@ -46,7 +46,6 @@ def run(spark: Any, workdir: Path) -> list[tuple[str, float]]:
     from blobsvc.spark import publish
 
     with publish(spark, files=[HERE / "lexicon.json"], py_files=[zip_package(workdir)]) as shipped:
-
         # No type hints on a UDF: PySpark would read them as a pandas UDF's.
         @F.udf(returnType=DoubleType(), useArrow=False)
         def score_review(text):  # type: ignore[no-untyped-def]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from .._ids import new_job_id
 from ..client import BlobClient
 from ..config import Settings
 from ._artifacts import Artifact, Kind, Source, parse_source
+from ._digests import file_digest
 from ._handle import Shipped
 from ._local import CacheOptions
 
@@ -82,7 +84,7 @@ def publish(
     )
     job = new_job_id()
     with BlobClient(settings.server, secret=settings.secret(), timeout=settings.timeout) as client:
-        artifacts, sent = _upload(client, job, sources)
+        artifacts, sent = _upload(client, job, sources, settings.cache_dir / "digests")
     shipped = Shipped(job, options, artifacts, owner=True)
     if http_url is not None:
         _add_jars(spark, context, http_url, shipped, settings.secret())
@@ -97,13 +99,15 @@ def _each(paths: Paths) -> list[str | os.PathLike[str]]:
     return list(paths)
 
 
-def _upload(client: BlobClient, job: str, sources: list[Source]) -> tuple[tuple[Artifact, ...], int]:
-    """Every source as a blob of ``job``; on any failure the half-published job is deleted."""
+def _upload(client: BlobClient, job: str, sources: list[Source], digests: Path) -> tuple[tuple[Artifact, ...], int]:
+    """Every source as a blob of ``job``; on any failure the half-published job is deleted.
+    Digests of unchanged files come from ``digests`` (see :mod:`._digests`)."""
     artifacts = []
     sent = 0
     try:
         for source in sources:
-            info, uploaded = client.put_file(source.path, job=job, name=source.name)
+            key = file_digest(source.path, digests)
+            info, uploaded = client.put_file(source.path, job=job, name=source.name, key=key)
             sent += info.size if uploaded else 0
             artifacts.append(Artifact(source.name, source.kind, info.key, info.size, source.path.name))
     except BaseException:
