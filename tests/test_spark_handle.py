@@ -8,12 +8,13 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pyspark import SparkConf
 
-from blobsvc import BlobClient
+from blobsvc import BlobClient, Settings
 from blobsvc.spark import Shipped, publish
 
 from .conftest import ServerThread
@@ -101,3 +102,22 @@ def test_the_handle_pickles_small_without_the_secret_and_only_the_driver_release
             Conf(**{"spark.blobsvc.server": server, "spark.blobsvc.secretFile": str(tmp_path / "nope")}),
             [tmp_path / "a.bin"],
         )
+
+
+def test_with_a_secret_from_the_environment_publish_resolve_and_release_authenticate(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("cluster-secret")
+    server = ServerThread(replace(settings, secret_file=secret)).start()
+    try:
+        monkeypatch.setenv("BLOBSVC_SECRET_FILE", str(secret))
+        monkeypatch.setenv("BLOBSVC_CACHE_DIR", str(tmp_path / "cache"))
+        (tmp_path / "a.bin").write_bytes(b"a")
+        with publish(Conf(**{"spark.blobsvc.server": server.address}), [tmp_path / "a.bin"]) as shipped:
+            assert shipped.path("a.bin").read_bytes() == b"a"
+            assert b"cluster-secret" not in pickle.dumps(shipped)
+        with BlobClient(server.address, secret=b"cluster-secret") as client:
+            assert client.list(shipped.job) == []
+    finally:
+        server.stop()

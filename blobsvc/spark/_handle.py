@@ -22,11 +22,20 @@ class Shipped:
     job on the server; only the driver's own handle can.
     """
 
-    def __init__(self, job: str, options: CacheOptions, artifacts: tuple[Artifact, ...], *, owner: bool) -> None:
+    def __init__(
+        self,
+        job: str,
+        options: CacheOptions,
+        artifacts: tuple[Artifact, ...],
+        *,
+        owner: bool,
+        secret: bytes | None = None,
+    ) -> None:
         self.job = job
         self.options = options
         self.artifacts = {artifact.name: artifact for artifact in artifacts}
         self._owner = owner
+        self._secret = secret  # the driver's, to delete the job with; never pickled
         self.released = False
         self.jar_urls: dict[str, str] = {}
         """The URL Spark was given for each jar (signed when the server has a secret)."""
@@ -53,7 +62,7 @@ class Shipped:
             return
         self.released = True
         release_driver(self.options, self.job)
-        with BlobClient(self.options.server, secret=_secret(self.options)) as client:
+        with BlobClient(self.options.server, secret=self._secret) as client:
             client.delete_job(self.job)
 
     def __enter__(self) -> Shipped:
@@ -67,12 +76,6 @@ class Shipped:
 
     def __repr__(self) -> str:
         return f"Shipped(job={self.job!r}, artifacts={sorted(self.artifacts)!r}, server={self.options.server!r})"
-
-
-def _secret(options: CacheOptions) -> bytes | None:
-    from ..config import Settings
-
-    return Settings.load({"secret_file": options.secret_file}).secret()
 
 
 def _arrive(job: str, options: CacheOptions, artifacts: tuple[Artifact, ...]) -> Shipped:

@@ -83,11 +83,12 @@ def publish(
         max_bytes=settings.cache_max_bytes if from_conf["cache_max_bytes"] else None,
     )
     job = new_job_id()
-    with BlobClient(settings.server, secret=settings.secret(), timeout=settings.timeout) as client:
+    secret = settings.secret()
+    with BlobClient(settings.server, secret=secret, timeout=settings.timeout) as client:
         artifacts, sent = _upload(client, job, sources, settings.cache_dir / "digests")
-    shipped = Shipped(job, options, artifacts, owner=True)
+    shipped = Shipped(job, options, artifacts, owner=True, secret=secret)
     if http_url is not None:
-        _add_jars(spark, context, http_url, shipped, settings.secret())
+        _add_jars(spark, context, http_url, shipped, secret)
     shipped.sent_bytes = sent
     log.info("published %d artifact(s) as job %s on %s; %d bytes sent", len(artifacts), job, settings.server, sent)
     return shipped
