@@ -187,14 +187,14 @@ def test_tasks_on_both_executors_get_every_kind_of_artifact_downloaded_once(
 def test_a_java_udf_from_a_shipped_jar_runs_on_the_executors(cluster: Cluster, artifacts: Artifacts) -> None:
     from pyspark.sql.types import StringType
 
-    before = cluster.requests().get("HTTP GET", 0)
+    before = cluster.requests().get("HTTP_GET", 0)
     with publish(cluster.session, jars=artifacts.jars) as shipped:
         assert list(shipped.jar_urls) == ["shout.jar"]
         # The driver's class loader must see the class too: ADD JAR gave it the URL.
         cluster.session.udf.registerJavaFunction("shout", "blobsvc.test.Shout", StringType())
         rows = cluster.session.range(0, TASKS, 1, TASKS).selectExpr("shout(cast(id as string)) AS s").collect()
     assert sorted(row.s for row in rows) == [f"{i}!" for i in range(TASKS)]
-    assert cluster.requests().get("HTTP GET", 0) > before, "the jar came from blobsvc's HTTP face"
+    assert cluster.requests().get("HTTP_GET", 0) > before, "the jar came from blobsvc's HTTP face"
 
 
 def test_the_example_pipeline_scores_with_its_shipped_model_and_module(cluster: Cluster, tmp_path: Path) -> None:
