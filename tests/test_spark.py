@@ -256,7 +256,9 @@ def test_a_worker_killed_mid_download_leaves_no_partial_file_and_no_pinned_job(
             assert context is not None
             if context.attemptNumber() == 0:
                 threading.Thread(target=shipped.path, args=("big.bin",), daemon=True).start()
+                deadline = time.monotonic() + 60
                 while not any(p.stat().st_size > 256 << 10 for p in partial_dir.iterdir()):
+                    assert time.monotonic() < deadline, "the download never started"
                     time.sleep(0.005)
                 os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-download
             yield context.attemptNumber(), blake3.blake3(shipped.path("big.bin").read_bytes()).hexdigest()

@@ -12,9 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import trustme
 from pyspark import SparkConf
 
-from blobsvc import BlobClient, Settings
+from blobsvc import BlobClient, InvalidArgument, Settings
 from blobsvc.spark import Shipped, publish
 
 from .conftest import ServerThread
@@ -97,7 +98,7 @@ def test_the_handle_pickles_small_without_the_secret_and_only_the_driver_release
         assert isinstance(copy, Shipped) and copy.job == shipped.job
         with pytest.raises(RuntimeError, match="only the driver"):
             copy.release()
-    with pytest.raises(FileNotFoundError):  # a secret file named but missing: before any upload
+    with pytest.raises(InvalidArgument, match="cannot read secret file"):  # named but missing: before any upload
         publish(
             Conf(**{"spark.blobsvc.server": server, "spark.blobsvc.secretFile": str(tmp_path / "nope")}),
             [tmp_path / "a.bin"],
@@ -119,5 +120,30 @@ def test_with_a_secret_from_the_environment_publish_resolve_and_release_authenti
             assert b"cluster-secret" not in pickle.dumps(shipped)
         with BlobClient(server.address, secret=b"cluster-secret") as client:
             assert client.list(shipped.job) == []
+    finally:
+        server.stop()
+
+
+def test_over_tls_the_handle_carries_the_ca_path_and_every_process_builds_its_own_context(
+    settings: Settings, tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    server = ServerThread(replace(settings, tls_cert=tmp_path / "server.pem")).start()
+    try:
+        (tmp_path / "a.bin").write_bytes(b"over tls")
+        conf = Conf(
+            **{
+                "spark.blobsvc.server": server.address,
+                "spark.blobsvc.tlsCa": str(tmp_path / "ca.pem"),
+                "spark.blobsvc.cacheDir": str(tmp_path / "cache"),
+            }
+        )
+        with publish(conf, [tmp_path / "a.bin"]) as shipped:
+            copy = pickle.loads(pickle.dumps(shipped))
+            assert ("tls_ca", str(tmp_path / "ca.pem")) in copy.options.conf
+            assert copy.path("a.bin").read_bytes() == b"over tls"
+        assert server.server.requests["DELETE"] == 1
     finally:
         server.stop()

@@ -28,14 +28,14 @@ class Shipped:
         options: CacheOptions,
         artifacts: tuple[Artifact, ...],
         *,
-        owner: bool,
-        secret: bytes | None = None,
+        owner: dict[str, Any] | None = None,
     ) -> None:
         self.job = job
         self.options = options
         self.artifacts = {artifact.name: artifact for artifact in artifacts}
+        # The driver's client options (secret, TLS context) to delete the job with; None in
+        # a copy that was unpickled. Never pickled.
         self._owner = owner
-        self._secret = secret  # the driver's, to delete the job with; never pickled
         self.released = False
         self.jar_urls: dict[str, str] = {}
         """The URL Spark was given for each jar (signed when the server has a secret)."""
@@ -56,13 +56,13 @@ class Shipped:
 
     def release(self) -> None:
         """Delete the job on the server; tasks can no longer fetch its artifacts. Idempotent."""
-        if not self._owner:
+        if self._owner is None:
             raise RuntimeError("only the driver that published a job can release it")
         if self.released:
             return
         self.released = True
         release_driver(self.options, self.job)
-        with BlobClient(self.options.server, secret=self._secret) as client:
+        with BlobClient(self.options.server, **self._owner) as client:
             client.delete_job(self.job)
 
     def __enter__(self) -> Shipped:
@@ -80,7 +80,7 @@ class Shipped:
 
 def _arrive(job: str, options: CacheOptions, artifacts: tuple[Artifact, ...]) -> Shipped:
     """Unpickling: inside a task, the py_files go on ``sys.path`` before the task's code runs."""
-    shipped = Shipped(job, options, artifacts, owner=False)
+    shipped = Shipped(job, options, artifacts)
     if current_task() is not None:
         add_py_files(options, job, [a for a in artifacts if a.kind is Kind.PY])
     return shipped

@@ -28,6 +28,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._tls import client_context_for
 from ..cache import BlobCache
 from ..config import Settings
 from ._archives import archive_kind, prune, unpack
@@ -42,30 +43,27 @@ DRIVER = "driver"
 
 @dataclass(frozen=True, slots=True)
 class CacheOptions:
-    """How to reach the server and where the host's cache is; None: the process's settings
-    (``BLOBSVC_*`` environment of the executor, then the defaults)."""
+    """How a process reaches the server and finds its host's cache: the server's address and
+    the blobsvc settings the driver's Spark conf set (``(field, value)`` pairs, values as
+    written there: file *paths* for the secret and TLS material, never their contents). What
+    the conf left unset comes from each process's own ``BLOBSVC_*`` environment, then the
+    defaults."""
 
     server: str
-    cache_dir: str | None = None
-    secret_file: str | None = None
-    cleanup_interval: float | None = None
-    max_bytes: int | None = None
+    conf: tuple[tuple[str, str], ...] = ()
+
+    def settings(self) -> Settings:
+        return Settings.load(dict(self.conf))
 
     def open(self) -> BlobCache:
-        settings = Settings.load(
-            {
-                "cache_dir": self.cache_dir,
-                "secret_file": self.secret_file,
-                "cleanup_interval": self.cleanup_interval,
-                "cache_max_bytes": self.max_bytes,
-            }
-        )
+        settings = self.settings()
         return BlobCache(
             self.server,
             settings.cache_dir,
             max_bytes=settings.cache_max_bytes,
             cleanup_interval=settings.cleanup_interval,
             secret=settings.secret(),
+            tls=client_context_for(settings),
             timeout=settings.timeout,
             connect_timeout=settings.connect_timeout,
             retries=settings.retries,

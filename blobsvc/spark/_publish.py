@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._ids import new_job_id
+from .._tls import client_context_for
 from ..client import BlobClient
 from ..config import Settings
 from ._artifacts import Artifact, Kind, Source, parse_source
@@ -27,6 +28,9 @@ CONF_KEYS = {
     "cleanup_interval": "spark.blobsvc.cleanupInterval",
     "cache_max_bytes": "spark.blobsvc.cacheMaxBytes",
     "http_port": "spark.blobsvc.httpPort",
+    "tls_ca": "spark.blobsvc.tlsCa",
+    "tls_client_cert": "spark.blobsvc.tlsClientCert",
+    "tls_client_key": "spark.blobsvc.tlsClientKey",
 }
 HTTP_URL_KEY = "spark.blobsvc.httpUrl"
 # Executors that join later (dynamic allocation, a lost executor replaced) fetch the jars
@@ -75,18 +79,17 @@ def publish(
             f"jars reach the executor JVMs over the server's HTTP face: set {HTTP_URL_KEY} "
             f"(http://host:port) or {CONF_KEYS['http_port']}"
         )
+    # What executors need of the conf travels in the handle; the address is resolved here.
+    carried = {"server", "http_port"}
     options = CacheOptions(
-        settings.server,
-        cache_dir=from_conf["cache_dir"],
-        secret_file=from_conf["secret_file"],
-        cleanup_interval=settings.cleanup_interval if from_conf["cleanup_interval"] else None,
-        max_bytes=settings.cache_max_bytes if from_conf["cache_max_bytes"] else None,
+        settings.server, tuple((k, v) for k, v in from_conf.items() if v is not None and k not in carried)
     )
     job = new_job_id()
     secret = settings.secret()
-    with BlobClient(settings.server, secret=secret, timeout=settings.timeout) as client:
+    client_options = {"secret": secret, "tls": client_context_for(settings), "timeout": settings.timeout}
+    with BlobClient(settings.server, **client_options) as client:
         artifacts, sent = _upload(client, job, sources, settings.cache_dir / "digests")
-    shipped = Shipped(job, options, artifacts, owner=True, secret=secret)
+    shipped = Shipped(job, options, artifacts, owner=client_options)
     if http_url is not None:
         _add_jars(spark, context, http_url, shipped, secret)
     shipped.sent_bytes = sent
