@@ -114,9 +114,13 @@ def hold(options: CacheOptions, job: str) -> BlobCache:
     return cache
 
 
-def _release_all_but(*holders: Hashable) -> None:
+def _release_finished() -> None:
+    """Release the leases of tasks other than the one running now."""
     with _lock:
-        done = [entry for entry, holder in _held.items() if holder not in holders]
+        # Read under the lock: a task's lease is recorded (under it) only after its context
+        # is set, so a lease seen here belongs to the task seen here or to an earlier one.
+        keep = (DRIVER, current_task())
+        done = [entry for entry, holder in _held.items() if holder not in keep]
         for entry in done:
             del _held[entry]
     for options, job in done:
@@ -127,7 +131,7 @@ def _keep() -> None:
     """Release the leases of tasks that have ended; runs in each Python worker."""
     while True:
         time.sleep(KEEPER_INTERVAL)
-        _release_all_but(DRIVER, current_task())
+        _release_finished()
 
 
 def release_driver(options: CacheOptions, job: str) -> None:
