@@ -535,8 +535,7 @@ class _Connection:
                 await asyncio.to_thread(self.storage.delete, target)
                 await self._send(DeleteOk())
             case LinkRequest(target, key):
-                size = await asyncio.to_thread(self.storage.link, key, target)
-                await self._send(LinkOk(size, key))
+                await self._link(target, key)
             case ListRequest(job):
                 await self.server.ha.recover_job(job)
                 entries = await asyncio.to_thread(self.storage.list_job, job)
@@ -547,6 +546,21 @@ class _Connection:
                 await self._send(StatusOk(self.server.status()))
             case _:
                 raise RemoteProtocolError(f"unexpected {type(event).__name__}")
+
+    async def _link(self, target: JobBlob, key: bytes) -> None:
+        """LINK: the name on local disk (storage's locks make it atomic), then in the HA store
+        from the local object (never from the name, which a concurrent PUT may have replaced),
+        then the acknowledgement, as for a PUT. Content only the HA store holds is recovered
+        first."""
+        try:
+            size = await asyncio.to_thread(self.storage.link, key, target)
+        except NotFound:
+            if not await self.server.ha.recover(ContentKey(key)):
+                raise
+            size = await asyncio.to_thread(self.storage.link, key, target)
+        await self.server.ha.link(self.storage.layout.object(key), key, target)
+        await self.server.ha.acknowledge()
+        await self._send(LinkOk(size, key))
 
     async def _put(self, request: PutRequest) -> None:
         limit = self.settings.max_blob_size

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from kazoo.client import KazooClient
 
 from blobsvc import BlobCache, BlobClient, DigestMismatch, NotFound, NotLeader, Settings, new_job_id
+from blobsvc._protocol import ContentKey, JobBlob
 from blobsvc.cli import main
 from blobsvc.ha import discovery
 from blobsvc.ha.discovery import ZkPaths
@@ -320,3 +321,25 @@ def test_zookeeper_mode_without_an_ensemble_is_a_usage_error(tmp_path: Path) -> 
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
     assert "--zookeeper" in result.output
+
+
+def test_a_link_on_the_leader_is_durable_in_the_ha_store_and_recovers_content_only_it_holds(
+    zookeeper: ZooKeeper, tmp_path: Path
+) -> None:
+    server = _in_process(zookeeper, tmp_path, "link")
+    try:
+        job = new_job_id()
+        with _client(server.address) as client:
+            key = client.put(b"model bytes")
+            assert client.link(key, job=job, name="model.bin").size == len(b"model bytes")
+        store = server.server.ha.blobs  # type: ignore[union-attr]
+        assert store.names(bytes.fromhex(job)) == ["model.bin"]
+        assert store.key_of(JobBlob(bytes.fromhex(job), "model.bin")) == bytes.fromhex(key)
+        # The local disk loses the content (every local name of it); the HA store still has it.
+        server.server.storage.delete(ContentKey(bytes.fromhex(key)))
+        server.server.storage.delete(JobBlob(bytes.fromhex(job), "model.bin"))
+        with _client(server.address) as client:
+            client.link(key, job=job, name="again.bin")
+            assert client.get(job=job, name="again.bin") == b"model bytes"
+    finally:
+        server.stop()

@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .._exceptions import NotLeader
@@ -61,6 +62,9 @@ class Standalone:
         pass
 
     async def store(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> None:
+        pass
+
+    async def link(self, source: Path, key: bytes, target: JobBlob) -> None:
         pass
 
     async def acknowledge(self) -> None:
@@ -159,6 +163,11 @@ class ZooKeeperHA:
         if upload.digest() != digest:
             return  # publication refuses it, with the precise error
         await asyncio.to_thread(self.blobs.put, upload.path, digest, target, self._election.token or 0)
+
+    async def link(self, source: Path, key: bytes, target: JobBlob) -> None:
+        """Make a LINKed name durable: the HA store copies the bytes from ``source`` (the
+        local object) only when it lacks them, else records the name alone."""
+        await asyncio.to_thread(self.blobs.put, source, key, target, self._election.token or 0)
 
     async def acknowledge(self) -> None:
         if not await self._fence.confirm():
