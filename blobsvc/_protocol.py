@@ -743,6 +743,25 @@ class ClientConnection(_Receiver):
         self._expected.append(frame)
         return encode_request(frame)
 
+    @property
+    def body_unread(self) -> int:
+        """GET body bytes neither buffered here nor handed out yet: what a caller may read
+        from the socket itself, straight into its own buffer, once ``next_event`` returns
+        NEED_DATA in the middle of a body (see :meth:`body_received`)."""
+        if self._get is None:
+            return 0
+        return self._body_left - len(self._buf) - len(self._passthrough or b"")
+
+    def body_received(self, count: int) -> None:
+        """Account for ``count`` body bytes the caller read from the socket itself. Only
+        with nothing buffered, so that the bytes cannot be out of order, and never past the
+        body's end: the framing stays this object's to decide."""
+        if self._get is None or self._buf or self._passthrough is not None:
+            raise LocalProtocolError("body bytes may be read past the parser only mid-body with nothing buffered")
+        if not 0 < count <= self._body_left:
+            raise LocalProtocolError(f"{count} body bytes received with {self._body_left} left")
+        self._body_left -= count
+
     def _send_body(self, frame: Data) -> bytes | bytearray | memoryview:
         if self._send_body_left is None or len(frame.data) > self._send_body_left:
             raise LocalProtocolError("PUT body longer than its announced length")

@@ -12,8 +12,10 @@ Keys are 64-character hex strings; job ids are 32-character hex strings (or UUID
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
+import ctypes
 import enum
 import functools
 import hashlib
@@ -28,7 +30,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import aiofiles
 import blake3
@@ -57,6 +59,7 @@ from ._ids import JobLike, KeyLike, hash_file, job_bytes, key_bytes
 from ._netio import SocketStream, connect
 from ._protocol import (
     CLOSED,
+    NEED_DATA,
     AuthOk,
     AuthRequest,
     ClientConnection,
@@ -92,6 +95,14 @@ from .ha.discovery import LeaderResolver, is_zk_url
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
 
 CHUNK = 1 << 20
+# A file download receives into this many buffers of this size in turn, while the worker
+# hashes and writes the ones before: its memory stays this small whatever the blob's size.
+BODY_BUFFER = 8 << 20
+BODY_BUFFERS = 3
+# A download into memory hands the hasher this much at a time.
+HASH_STEP = 8 << 20
+# Smaller pieces are hashed (and written) on the event loop: a thread hop would cost more.
+INLINE_HASH_LIMIT = 256 << 10
 MAX_IDLE_CONNECTIONS = 8
 MAX_BACKOFF = 5.0
 
@@ -164,67 +175,214 @@ class _Channel:
         self.stream.close()
 
 
-class _Sink(Protocol):
-    """Where a GET's bytes go; ``size`` is what it holds, so a retry resumes from there."""
-
-    @property
-    def size(self) -> int: ...
-
-    async def write(self, data: bytes | bytearray | memoryview) -> None: ...
-
-    async def drain(self) -> None:
-        """Wait until every byte given to ``write`` is written."""
-
-    async def reset(self) -> None: ...
-
-
-class _MemorySink:
-    """Keeps the received chunks as they are and joins them once at the end: one copy of the
-    blob, where a growing buffer would copy it again at every reallocation."""
+class _Worker:
+    """Runs jobs one at a time, in order, on a thread of its own, so that hashing and
+    writing one chunk of a download overlap with receiving the next. The thread starts with
+    the first job: small downloads never pay for it."""
 
     def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.size = 0
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._jobs: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def submit(self, job: Callable[..., None], *args: Any) -> None:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsvc-download")
+        self._jobs.append(asyncio.wrap_future(self._pool.submit(job, *args)))
+
+    @property
+    def queued(self) -> int:
+        return len(self._jobs)
+
+    async def wait_oldest(self) -> None:
+        """Wait for the oldest job; its error (a full disk) is raised here."""
+        await self._jobs.popleft()
+
+    async def wait_all(self) -> None:
+        while self._jobs:
+            await self.wait_oldest()
+
+    async def aclose(self) -> None:
+        """Wait out every job, through cancellations too (the caller closes the file the jobs
+        write to next), then end the thread; errors were or will be reported elsewhere."""
+        cancelled = False
+        while self._jobs:
+            job = self._jobs.popleft()
+            while not job.done():
+                try:
+                    await asyncio.wait([job])
+                except asyncio.CancelledError:
+                    cancelled = True
+            if not job.cancelled():
+                job.exception()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+        if cancelled:
+            raise asyncio.CancelledError
+
+
+class _Sink:
+    """Where a GET's body goes: the socket is read straight into the sink's buffers
+    (:meth:`room`, then :meth:`filled`), and a worker thread hashes what has arrived while
+    the loop receives more. ``size`` is what it holds, so that a retry resumes from there."""
+
+    def __init__(self, hasher: Any = None, size: int = 0) -> None:
+        self.size = size
+        self._hasher = blake3.blake3() if hasher is None else hasher
+        self._worker = _Worker()
+
+    def begin(self, total: int) -> None:
+        """The announced size of the whole blob; ``size`` bytes of it are held already."""
+
+    async def room(self, most: int) -> memoryview:
+        """Where the next bytes go: at most ``most`` (> 0) of them."""
+        raise NotImplementedError
+
+    async def filled(self, count: int) -> None:
+        """``count`` bytes landed at the start of the last :meth:`room`."""
+        raise NotImplementedError
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.chunks.append(bytes(data))  # no copy for bytes, which is what the socket gives
-        self.size += len(data)
+        """Take bytes that were read with a frame header rather than into :meth:`room`."""
+        view = memoryview(data).cast("B")
+        while view:
+            room = await self.room(len(view))
+            count = len(room)
+            room[:] = view[:count]
+            await self.filled(count)
+            view = view[count:]
 
-    async def drain(self) -> None:
-        pass
-
-    async def reset(self) -> None:
-        self.chunks.clear()
-        self.size = 0
-
-    def value(self) -> bytes:
-        return b"".join(self.chunks)
-
-
-class _FileSink:
-    """Writes to an aiofiles file. One write runs in a worker thread while the next chunk is
-    received and hashed, so the disk and the network overlap instead of taking turns."""
-
-    def __init__(self, file: Any, size: int = 0) -> None:
-        self.file = file
-        self.size = size  # bytes written or being written
-        self._writing: asyncio.Future[Any] | None = None
-
-    async def write(self, data: bytes | bytearray | memoryview) -> None:
-        await self.drain()
-        self._writing = asyncio.ensure_future(self.file.write(data))
-        self.size += len(data)
-
-    async def drain(self) -> None:
-        if self._writing is not None:
-            writing, self._writing = self._writing, None
-            await writing
+    async def digest(self) -> bytes:
+        """The BLAKE3 of every byte held, once all of them are hashed (and written)."""
+        await self._worker.wait_all()
+        digest = self._hasher.digest()
+        assert isinstance(digest, bytes)
+        return digest
 
     async def reset(self) -> None:
-        await self.drain()
-        await self.file.seek(0)
-        await self.file.truncate()
+        await self._worker.wait_all()
+        self._hasher = blake3.blake3()
         self.size = 0
+
+    async def aclose(self) -> None:
+        await self._worker.aclose()
+
+    def _hash_then(self, step: Callable[[memoryview], None] | None, view: memoryview) -> bool:
+        """Feed ``view`` to the hasher, then ``step``: on the worker for large pieces (BLAKE3
+        releases the GIL), inline for small ones, which a thread hop would cost more than it
+        saves. Whether it went to the worker."""
+
+        def job() -> None:
+            self._hasher.update(view)
+            if step is not None:
+                step(view)
+
+        if len(view) < INLINE_HASH_LIMIT and not self._worker.queued:
+            job()
+            return False
+        self._worker.submit(job)
+        return True
+
+
+class _MemorySink(_Sink):
+    """Receives into one ``bytearray`` of the announced size: no copy, no reallocation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data = bytearray()
+        self._hashed = 0
+
+    def begin(self, total: int) -> None:
+        if len(self.data) != total:
+            assert self.size == 0, "a blob of another size is started over with reset()"
+            self.data = bytearray(total)
+
+    async def room(self, most: int) -> memoryview:
+        return memoryview(self.data)[self.size : self.size + most]
+
+    async def filled(self, count: int) -> None:
+        self.size += count
+        if self.size - self._hashed >= HASH_STEP or self.size == len(self.data):
+            self._hash_then(None, memoryview(self.data)[self._hashed : self.size])
+            self._hashed = self.size
+
+    async def reset(self) -> None:
+        await super().reset()
+        self._hashed = 0
+
+
+class _FileSink(_Sink):
+    """Receives into a few buffers of ``BODY_BUFFER`` bytes that the worker hashes and
+    writes (``os.pwrite``) in turn, so a download holds at most ``BODY_BUFFERS`` of them in
+    memory, whatever the blob's size. ``fd`` stays the caller's to close."""
+
+    def __init__(self, fd: int, size: int = 0, hasher: Any = None) -> None:
+        super().__init__(hasher, size)
+        self.fd = fd
+        self._offset = size  # where the buffer being filled goes in the file
+        self._free: list[bytearray] = []
+        self._busy: collections.deque[bytearray] = collections.deque()
+        self._buffer: bytearray | None = None
+        self._fill = 0
+
+    async def room(self, most: int) -> memoryview:
+        if self._buffer is None:
+            if not self._free and len(self._busy) + 1 >= BODY_BUFFERS:
+                await self._worker.wait_oldest()
+                self._free.append(self._busy.popleft())
+            self._buffer = self._free.pop() if self._free else bytearray(BODY_BUFFER)
+        return memoryview(self._buffer)[self._fill : self._fill + most]
+
+    async def filled(self, count: int) -> None:
+        self._fill += count
+        self.size += count
+        assert self._buffer is not None
+        if self._fill == len(self._buffer):
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        buffer, count, offset = self._buffer, self._fill, self._offset
+        if buffer is None or not count:
+            return
+        self._buffer, self._fill, self._offset = None, 0, offset + count
+        queued = self._hash_then(functools.partial(_write_at, self.fd, offset=offset), memoryview(buffer)[:count])
+        (self._busy if queued else self._free).append(buffer)
+
+    async def digest(self) -> bytes:
+        self._hand_over()
+        return await super().digest()
+
+    async def reset(self) -> None:
+        await self._worker.wait_all()
+        self._free.extend(self._busy)
+        self._busy.clear()
+        self._buffer, self._fill, self._offset = None, 0, 0
+        os.ftruncate(self.fd, 0)
+        await super().reset()
+
+
+def _write_at(fd: int, view: memoryview, *, offset: int) -> None:
+    start, count = offset, len(view)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+    _start_writeback(fd, start, count)
+
+
+def _writeback_starter() -> Callable[[int, int, int], None]:
+    """``sync_file_range(SYNC_FILE_RANGE_WRITE)`` where Linux's libc has it: the disk starts
+    on each written piece while the next is received, so the fsync that ends a download
+    waits for the last piece rather than for the whole file. Elsewhere, nothing."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        sync_file_range = libc.sync_file_range
+        sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        return lambda fd, offset, count: sync_file_range(fd, offset, count, _SYNC_FILE_RANGE_WRITE) and None
+    return lambda fd, offset, count: None
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+_start_writeback = _writeback_starter()
 
 
 class _ThreadWriter:
@@ -348,11 +506,16 @@ class AsyncBlobClient:
         name: str | None = None,
         timeout: float | None = None,
         progress: Progress | None = None,
-    ) -> bytes:
-        """The bytes of a blob, verified against its digest."""
+    ) -> bytearray:
+        """The bytes of a blob, verified against its digest. They come as the ``bytearray``
+        they were received into, so that a large blob is not copied once more at the end;
+        ``bytes(data)`` makes an immutable (hashable) copy."""
         sink = _MemorySink()
-        await self._fetch(_target(key, job, name), sink, timeout, progress)
-        return sink.value()
+        try:
+            await self._fetch(_target(key, job, name), sink, timeout, progress)
+        finally:
+            await sink.aclose()
+        return sink.data
 
     async def get_file(
         self,
@@ -368,14 +531,14 @@ class AsyncBlobClient:
         is written beside ``dest`` under a temporary name and renamed into place."""
         dest = Path(dest)
         fd, temp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        os.close(fd)
         try:
-            async with aiofiles.open(temp, "wb") as file:
-                info = await self._fetch(_target(key, job, name), _FileSink(file), timeout, progress)
-                await file.flush()
-                await asyncio.to_thread(os.fsync, file.fileno())
+            info = await self._fetch_to_fd(fd, 0, None, _target(key, job, name), timeout, progress)
+            os.close(fd)
+            fd = -1
             os.replace(temp, dest)
         except BaseException:
+            if fd >= 0:
+                os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
@@ -421,15 +584,32 @@ class AsyncBlobClient:
         :class:`DigestMismatch` (and the file is emptied), or in :class:`BadOffset` when
         they outnumber the blob's bytes.
         """
-        async with aiofiles.open(partial, "ab") as file:
-            held = os.fstat(file.fileno()).st_size
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            held = os.fstat(fd).st_size
             prefix = blake3.blake3()
             if held:
                 await asyncio.to_thread(prefix.update_mmap, partial)
-            sink = _FileSink(file, held)
-            info = await self._fetch(_target(key, job, name), sink, timeout, progress, prefix)
-            await file.flush()
-            await asyncio.to_thread(os.fsync, file.fileno())
+            return await self._fetch_to_fd(fd, held, prefix, _target(key, job, name), timeout, progress)
+        finally:
+            os.close(fd)
+
+    async def _fetch_to_fd(
+        self,
+        fd: int,
+        held: int,
+        prefix: Any,
+        target: ContentKey | JobBlob,
+        timeout: float | None,
+        progress: Progress | None,
+    ) -> BlobInfo:
+        """GET into the file ``fd`` after its ``held`` bytes (hashed into ``prefix``), fsynced."""
+        sink = _FileSink(fd, held, prefix)
+        try:
+            info = await self._fetch(target, sink, timeout, progress)
+        finally:
+            await sink.aclose()  # no thread may still write when the caller closes the file
+        await asyncio.to_thread(os.fsync, fd)
         return info
 
     async def stat(
@@ -647,16 +827,13 @@ class AsyncBlobClient:
         sink: _Sink,
         timeout: float | None,
         progress: Progress | None,
-        prefix: Any = None,
     ) -> BlobInfo:
-        """GET into ``sink``, resuming from ``sink.size`` after a broken read, and verify.
-        ``prefix`` is a BLAKE3 hasher fed with the bytes ``sink`` holds at the start."""
+        """GET into ``sink``, resuming from ``sink.size`` after a broken read, and verify."""
         timeout = self.timeout if timeout is None else timeout
-        hasher = blake3.blake3() if prefix is None else prefix
         expected: bytes | None = None
 
         async def attempt(channel: _Channel) -> BlobInfo:
-            nonlocal hasher, expected
+            nonlocal expected
             await channel.send(GetRequest(target, sink.size), timeout)
             try:
                 header = await channel.reply(timeout)
@@ -665,38 +842,53 @@ class AsyncBlobClient:
                     raise  # bytes held from before this call (resume_file) that the blob lacks
                 # The name now holds a blob shorter than what we have: start over.
                 await sink.reset()
-                hasher, expected = blake3.blake3(), None
+                expected = None
                 raise ConnectionClosed("the blob changed during the download; starting over") from None
             assert isinstance(header, GetOk)
             if expected is not None and header.digest != expected:
                 # The name now holds another blob: what we have is of the old one.
                 channel.protocol.closed = True
                 await sink.reset()
-                hasher, expected = blake3.blake3(), header.digest
+                expected = header.digest
                 raise ConnectionClosed("the blob changed during the download; starting over")
             expected = header.digest
-            try:
-                while True:
-                    event = await channel.next_event(timeout)
-                    if isinstance(event, EndOfBody):
-                        break
-                    assert isinstance(event, Data)
-                    hasher.update(event.data)
-                    await sink.write(event.data)
-                    if progress:
-                        progress(len(event.data))
-            finally:
-                await sink.drain()  # nothing may still be writing when the caller closes the file
-            actual = hasher.digest()
+            sink.begin(header.size)
+            await _receive_body(channel, sink, timeout, progress)
+            actual = await sink.digest()
             if actual != header.digest:
                 await sink.reset()
-                hasher, expected = blake3.blake3(), None
+                expected = None
                 raise DigestMismatch(
                     f"received bytes hash to {actual.hex()}, the server announced {header.digest.hex()}"
                 )
             return BlobInfo(actual.hex(), header.size, target.name if isinstance(target, JobBlob) else None)
 
         return await self._with_retries(attempt, timeout)
+
+
+async def _receive_body(channel: _Channel, sink: _Sink, timeout: float, progress: Progress | None) -> None:
+    """Move a GET body into ``sink``. Bytes the parser holds (those that came with the
+    header) are taken as ``Data`` events; the rest is read from the socket straight into the
+    sink's buffers and accounted to the parser, which keeps deciding where the body ends."""
+    protocol = channel.protocol
+    while True:
+        event = protocol.next_event()
+        if isinstance(event, EndOfBody):
+            return
+        if isinstance(event, Data):
+            count = len(event.data)
+            await sink.write(event.data)
+        else:
+            assert event is NEED_DATA, event
+            room = await sink.room(protocol.body_unread)
+            count = await channel.stream.recv_into(room, timeout)
+            if not count:
+                protocol.receive_data(b"")  # the next event raises ConnectionClosed
+                continue
+            protocol.body_received(count)
+            await sink.filled(count)
+        if progress:
+            progress(count)
 
 
 class _SourceOpener:

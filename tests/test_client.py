@@ -12,6 +12,7 @@ import io
 import multiprocessing
 import random
 import socket
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from blobsvc import (
     TooLarge,
     new_job_id,
 )
+from blobsvc.client import BODY_BUFFER, BODY_BUFFERS
 
 from .conftest import CuttingProxy, ServerThread, address_text
 
@@ -256,7 +258,7 @@ async def test_a_closed_client_refuses_to_work(server: BlobServer) -> None:
 
 
 def test_blocking_client_works_under_a_running_event_loop(server_thread: ServerThread) -> None:
-    async def inside_a_loop() -> bytes:
+    async def inside_a_loop() -> bytearray:
         with BlobClient(server_thread.address) as client:
             return client.get(client.put(b"from a notebook"))
 
@@ -313,3 +315,32 @@ def flip_byte(path: Path, offset: int) -> None:
         original = stored.read(1)
         stored.seek(offset)
         stored.write(bytes([original[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("size", [3 << 20, 40 << 20])
+async def test_get_into_memory_is_one_buffer_of_the_blob_size(client: AsyncBlobClient, size: int) -> None:
+    data = random.randbytes(size)
+    key = await client.put(data)
+    got = await client.get(key)
+    assert isinstance(got, bytearray) and len(got) == size and got == data
+
+
+async def test_a_file_download_holds_a_few_buffers_whatever_the_blob_size(
+    client: AsyncBlobClient, tmp_path: Path
+) -> None:
+    """The worker hashes and writes each buffer while the next is received; the download's
+    own allocations stay at a few buffers, far below the 64 MiB blob."""
+    source = tmp_path / "big.bin"
+    with source.open("wb") as out:
+        for _ in range(64):
+            out.write(random.randbytes(1 << 20))
+    key = await client.put(source)
+    tracemalloc.start()
+    try:
+        info = await client.get_file(tmp_path / "copy.bin", key)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.size == 64 << 20
+    assert peak <= (BODY_BUFFERS + 1) * BODY_BUFFER
+    assert blake3.blake3((tmp_path / "copy.bin").read_bytes()).hexdigest() == key

@@ -421,3 +421,29 @@ def test_protocol_module_does_no_io() -> None:
 def test_signals_are_distinct_sentinels() -> None:
     assert NEED_DATA is Signal.NEED_DATA and CLOSED is Signal.CLOSED
     assert repr(NEED_DATA) == "NEED_DATA"
+
+
+def test_body_read_past_the_parser_is_accounted_and_ends_where_the_header_said() -> None:
+    client = client_after_hello()
+    client.send(GetRequest(ContentKey(KEY)))
+    client.receive_data(ServerConnection().send(GetOk(10, KEY)) + b"abc")
+    assert isinstance(client.next_event(), GetOk)
+    assert client.body_unread == 7  # three of the ten are buffered
+    with pytest.raises(LocalProtocolError, match="nothing buffered"):
+        client.body_received(2)  # they would land ahead of the buffered three
+    assert client.next_event() == Data(b"abc")
+    assert client.next_event() is NEED_DATA
+    with pytest.raises(LocalProtocolError, match="7 left"):
+        client.body_received(8)
+    client.body_received(7)
+    assert client.body_unread == 0
+    assert isinstance(client.next_event(), EndOfBody)
+    with pytest.raises(LocalProtocolError):
+        client.body_received(1)  # no body in progress
+
+
+def test_no_body_is_unread_outside_a_get() -> None:
+    client = client_after_hello()
+    assert client.body_unread == 0
+    client.send(StatRequest(ContentKey(KEY)))
+    assert client.body_unread == 0
