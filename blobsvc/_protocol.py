@@ -763,10 +763,15 @@ class ClientConnection(_Receiver):
         self._body_left -= count
 
     def _send_body(self, frame: Data) -> bytes | bytearray | memoryview:
-        if self._send_body_left is None or len(frame.data) > self._send_body_left:
-            raise LocalProtocolError("PUT body longer than its announced length")
-        self._send_body_left -= len(frame.data)
+        self.body_sent(len(frame.data))
         return frame.data
+
+    def body_sent(self, count: int) -> None:
+        """Account for ``count`` PUT body bytes the caller sends itself (``os.sendfile``
+        from a file) instead of through ``send(Data(...))``."""
+        if self._send_body_left is None or count > self._send_body_left:
+            raise LocalProtocolError("PUT body longer than its announced length")
+        self._send_body_left -= count
 
     def next_event(self) -> ClientEvent | Signal:
         try:

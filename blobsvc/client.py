@@ -27,12 +27,11 @@ import shutil
 import ssl
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
-import aiofiles
 import blake3
 
 from ._exceptions import (
@@ -101,6 +100,9 @@ BODY_BUFFER = 8 << 20
 BODY_BUFFERS = 3
 # A download into memory hands the hasher this much at a time.
 HASH_STEP = 8 << 20
+# An upload of bytes at hand goes out in pieces of this size: between two, the client looks
+# for an early refusal and reports progress.
+SEND_PIECE = 8 << 20
 # Smaller pieces are hashed (and written) on the event loop: a thread hop would cost more.
 INLINE_HASH_LIMIT = 256 << 10
 MAX_IDLE_CONNECTIONS = 8
@@ -204,21 +206,31 @@ class _Worker:
     async def aclose(self) -> None:
         """Wait out every job, through cancellations too (the caller closes the file the jobs
         write to next), then end the thread; errors were or will be reported elsewhere."""
-        cancelled = False
-        while self._jobs:
-            job = self._jobs.popleft()
-            while not job.done():
-                try:
-                    await asyncio.wait([job])
-                except asyncio.CancelledError:
-                    cancelled = True
-            if not job.cancelled():
-                job.exception()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
-        if cancelled:
-            raise asyncio.CancelledError
+        try:
+            while self._jobs:
+                await _wait_out(self._jobs.popleft())
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+
+
+async def _wait_out(future: asyncio.Future[Any] | None) -> None:
+    """Wait until a worker thread's job is done, through any number of cancellations, and
+    re-raise the cancellation after: the caller is about to close what the thread reads or
+    writes. The job's own error, if any, is for others to report."""
+    if future is None:
+        return
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait([future])
+        except asyncio.CancelledError:
+            cancelled = True
+    if not future.cancelled():
+        future.exception()
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 class _Sink:
@@ -490,8 +502,8 @@ class AsyncBlobClient:
         timeout = self.timeout if timeout is None else timeout
 
         async def attempt(channel: _Channel) -> str:
-            async with opener() as (length, chunks):
-                return await self._put_on(channel, PutRequest(length, target), chunks, timeout, progress)
+            async with opener() as (length, body):
+                return await self._put_on(channel, PutRequest(length, target), body, timeout, progress)
 
         try:
             return await self._with_retries(attempt, timeout)
@@ -775,7 +787,7 @@ class AsyncBlobClient:
         self,
         channel: _Channel,
         request: PutRequest,
-        chunks: AsyncIterator[bytes],
+        body: _Body,
         timeout: float | None,
         progress: Progress | None,
     ) -> str:
@@ -783,25 +795,23 @@ class AsyncBlobClient:
         upload (TOO_LARGE, a full disk) says so before the body ends, and its error is
         worth more than the broken pipe that follows."""
         timeout = self.timeout if timeout is None else timeout
-        hasher = blake3.blake3()
         await channel.send(request, timeout)
         early = asyncio.ensure_future(channel.reply(None))
         try:
             sent = 0
-            async for chunk in chunks:
-                if early.done():
-                    break
-                hasher.update(chunk)
-                await channel.send(Data(chunk), timeout)
-                sent += len(chunk)
-                if progress:
-                    progress(len(chunk))
+            async with contextlib.aclosing(body.send(channel, timeout)) as pieces:
+                async for count in pieces:
+                    sent += count
+                    if progress:
+                        progress(count)
+                    if early.done():
+                        break
             if early.done():
                 await early  # raises the server's error
                 raise RemoteProtocolError("the server answered a PUT before its body ended")
             if sent != request.length:
                 raise LocalProtocolError(f"the source gave {sent} bytes, not the {request.length} announced")
-            await channel.send(PutTrailer(hasher.digest()), timeout)
+            await channel.send(PutTrailer(await body.digest()), timeout)
             try:
                 reply = await asyncio.wait_for(asyncio.shield(early), timeout)
             except TimeoutError:
@@ -891,8 +901,89 @@ async def _receive_body(channel: _Channel, sink: _Sink, timeout: float, progress
             progress(count)
 
 
+class _Body:
+    """A PUT body of one attempt: :meth:`send` sends it piece by piece, yielding each
+    piece's size; :meth:`digest` is its BLAKE3 once every byte has been sent."""
+
+    async def send(self, channel: _Channel, timeout: float) -> AsyncGenerator[int, None]:
+        raise NotImplementedError
+        yield 0
+
+    async def digest(self) -> bytes:
+        raise NotImplementedError
+
+
+class _StreamBody(_Body):
+    """A stream read chunk by chunk, each hashed as it goes out."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self._chunks = chunks
+        self._hasher = blake3.blake3()
+
+    async def send(self, channel: _Channel, timeout: float) -> AsyncGenerator[int, None]:
+        async for chunk in self._chunks:
+            self._hasher.update(chunk)
+            await channel.send(Data(chunk), timeout)
+            yield len(chunk)
+
+    async def digest(self) -> bytes:
+        digest = self._hasher.digest()
+        assert isinstance(digest, bytes)
+        return digest
+
+
+class _WholeBody(_Body):
+    """Bytes all at hand, in memory or in a file (``fd``, sent with ``os.sendfile``: no
+    copy through Python). A worker thread hashes them while they are sent, so the digest
+    the trailer needs is ready about when the last byte has gone."""
+
+    def __init__(self, length: int, *, view: memoryview | None = None, fd: int = -1) -> None:
+        self.length, self._view, self._fd = length, view, fd
+        self._hashing: asyncio.Future[bytes] | None = None
+
+    def _hash(self) -> bytes:
+        hasher = blake3.blake3()
+        if self._view is not None:
+            hasher.update(self._view)
+        else:
+            # pread rather than mmap: a file cut short meanwhile is an error, not a SIGBUS.
+            buffer = bytearray(min(self.length, HASH_STEP))
+            offset = 0
+            while offset < self.length:
+                view = memoryview(buffer)[: min(len(buffer), self.length - offset)]
+                count = os.preadv(self._fd, [view], offset)
+                if not count:
+                    raise LocalProtocolError(f"the file ended {self.length - offset} bytes short of its size")
+                hasher.update(view[:count])
+                offset += count
+        digest = hasher.digest()
+        assert isinstance(digest, bytes)
+        return digest
+
+    async def send(self, channel: _Channel, timeout: float) -> AsyncGenerator[int, None]:
+        if self.length >= INLINE_HASH_LIMIT:
+            self._hashing = asyncio.ensure_future(asyncio.to_thread(self._hash))
+        for offset in range(0, self.length, SEND_PIECE):
+            count = min(SEND_PIECE, self.length - offset)
+            if self._view is not None:
+                await channel.send(Data(self._view[offset : offset + count]), timeout)
+            else:
+                channel.protocol.body_sent(count)
+                await channel.stream.sendfile(self._fd, offset, count, timeout)
+            yield count
+
+    async def digest(self) -> bytes:
+        if self._hashing is None:
+            return self._hash()
+        return await self._hashing
+
+    async def aclose(self) -> None:
+        """Wait until the hashing thread is done with the source, before it is closed."""
+        await _wait_out(self._hashing)
+
+
 class _SourceOpener:
-    """Opens an upload source afresh for each attempt, as ``(length, async chunks)``."""
+    """Opens an upload source afresh for each attempt, as ``(length, body)``."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
@@ -910,7 +1001,7 @@ class _SourceOpener:
             self._spool.close()
 
     @contextlib.asynccontextmanager
-    async def __call__(self) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+    async def __call__(self) -> AsyncIterator[tuple[int, _Body]]:
         if self._unseekable:
             assert self.stream is not None
             self.stream = self._spool = await asyncio.to_thread(_spool, self.stream)
@@ -919,15 +1010,21 @@ class _SourceOpener:
         if stream is not None:
             length = stream.seek(0, io.SEEK_END) - self._start
             stream.seek(self._start)
-            yield length, _read_chunks(lambda n: asyncio.to_thread(stream.read, n), length)
+            yield length, _StreamBody(_read_chunks(lambda n: asyncio.to_thread(stream.read, n), length))
         elif isinstance(source, str | os.PathLike):
-            async with aiofiles.open(source, "rb") as file:
-                length = os.fstat(file.fileno()).st_size
-                yield length, _read_chunks(file.read, length)
+            fd = os.open(source, os.O_RDONLY)
+            try:
+                body = _WholeBody(os.fstat(fd).st_size, fd=fd)
+                try:
+                    yield body.length, body
+                finally:
+                    await body.aclose()
+            finally:
+                os.close(fd)
         else:
             assert isinstance(source, bytes | bytearray | memoryview)
             view = memoryview(source).cast("B")
-            yield len(view), _chunks_of(view)
+            yield len(view), _WholeBody(len(view), view=view)
 
 
 def _spool(stream: IO[bytes]) -> IO[bytes]:
@@ -947,11 +1044,6 @@ def _seekable(stream: Any) -> bool:
         return bool(stream.seekable())
     except (AttributeError, ValueError):
         return False
-
-
-async def _chunks_of(view: memoryview) -> AsyncIterator[bytes]:
-    for start in range(0, len(view), CHUNK):
-        yield bytes(view[start : start + CHUNK])
 
 
 async def _read_chunks(read: Callable[[int], Awaitable[bytes]], length: int) -> AsyncIterator[bytes]:
