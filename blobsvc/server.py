@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._commit import GroupCommitter
 from ._exceptions import (
     AuthFailed,
     AuthRequired,
@@ -129,6 +130,7 @@ class BlobServer:
         """The recovery mode: asked before serving, storing, acknowledging, and for missing blobs."""
         self._secret = self.settings.secret()
         self._tls = server_context_for(self.settings)
+        self.committer = GroupCommitter(self.storage)
         self._listener: socket.socket | None = None
         self._http_listener: socket.socket | None = None
         self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
@@ -573,8 +575,9 @@ class _Connection:
             finally:
                 self.moved = upload.size
             await _finish(self.server.ha.store(upload, request.target, digest))
-            # Publication fsyncs, which can take milliseconds even for a tiny file: never on the loop.
-            key = await _finish(asyncio.to_thread(self.storage.publish, upload, request.target, digest))
+            # Publication fsyncs, which can take milliseconds even for a tiny file: never on the
+            # loop, and shared with the PUTs publishing at the same time.
+            key = await _finish(self.server.committer.publish(upload, request.target, digest))
         await self.server.ha.acknowledge()
         await self._send(PutOk(key))
 

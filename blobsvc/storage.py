@@ -23,6 +23,7 @@ modified in place, so an open descriptor always sees one complete version.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import os
@@ -30,10 +31,11 @@ import secrets
 import shutil
 import stat
 import threading
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 import blake3
 
@@ -42,7 +44,13 @@ from ._ids import hash_file
 from ._layout import Layout, decode_name, key_from_filename
 from ._protocol import ContentKey, JobBlob, ListEntry, WholeJob
 
-__all__ = ["BlobStorage", "OpenBlob", "RecoveryReport", "StagedUpload"]
+__all__ = ["BlobStorage", "OpenBlob", "Publication", "RecoveryReport", "StagedUpload"]
+
+# Threads that fsync a batch's files and directories together: enough for the batches that
+# 32 connections make, few enough to cost nothing idle.
+FLUSH_THREADS = 16
+
+_T = TypeVar("_T")
 
 _FULL_DISK = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
@@ -159,6 +167,33 @@ class StagedUpload:
         self.discard()
 
 
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """An upload to publish under ``target`` (content-addressed when None), if its bytes
+    hash to ``digest``."""
+
+    upload: StagedUpload
+    target: JobBlob | None
+    digest: bytes
+
+
+_flush_threads: list[concurrent.futures.ThreadPoolExecutor] = []
+_flush_threads_lock = threading.Lock()
+
+
+def _flush_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's threads for parallel fsyncs, shared by every storage, started on first use."""
+    with _flush_threads_lock:
+        if not _flush_threads:
+            _flush_threads.append(concurrent.futures.ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="flush"))
+        return _flush_threads[0]
+
+
+def _done(results: list[bytes | Exception | None]) -> list[bytes | Exception]:
+    assert all(result is not None for result in results)
+    return [result for result in results if result is not None]
+
+
 @dataclass
 class OpenBlob:
     """A published blob open for reading; ``fd`` belongs to this object until ``close()``."""
@@ -226,28 +261,107 @@ class BlobStorage:
         """Verify ``upload`` against ``digest`` and make it visible under ``target``
         (content-addressed when None). Returns the key. The staging file is gone afterwards,
         whether it was published, found to be a duplicate, or rejected."""
-        with upload:
-            key = upload.digest()
-            if key != digest:
-                raise DigestMismatch(
-                    f"the body hashes to {key.hex()} but the trailer says {digest.hex()}; nothing stored"
+        (result,) = self.publish_batch([Publication(upload, target, digest)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def publish_batch(self, batch: Sequence[Publication]) -> list[bytes | Exception]:
+        """Publish several uploads with one flush for all: the key of each, or the error
+        that refused it. Durability is that of :meth:`publish` for every one of them; what
+        the batch shares is the waiting. In this order (``tests/test_group_commit.py``
+        records the calls and pins it):
+
+        1. every upload whose bytes do not hash to its digest is refused alone;
+        2. the staging files of the rest are fsynced, in parallel: their bytes are on disk
+           before any name can reach them;
+        3. each is renamed into ``objects/`` and linked under its name, holding its key's
+           (and job's) lock as :meth:`publish` always did, without fsync yet;
+        4. every directory those names live in (``objects/`` included, also for a blob
+           found already stored: another batch may not have flushed it yet) is fsynced
+           once, in parallel;
+        5. only then does any upload of the batch get its key; an error in 2 or 4 fails
+           every upload it covers, since none of them is known to be durable.
+
+        Blobs replaced under a job name are collected last.
+        """
+        results: list[bytes | Exception | None] = [None] * len(batch)
+        sealed: list[int] = []
+        for i, item in enumerate(batch):
+            key = item.upload.digest()
+            if key != item.digest:
+                item.upload.discard()
+                results[i] = DigestMismatch(
+                    f"the body hashes to {key.hex()} but the trailer says {item.digest.hex()}; nothing stored"
                 )
-            upload.seal()
-            replaced = None
+            else:
+                sealed.append(i)
+        try:
             with _disk_errors():
-                if target is None:
-                    with self._keys.hold(key):
-                        self._store_object(upload, key)
-                        with self._collected_on_failure(key):
-                            self._link_content(key)
-                else:
-                    with self._jobs.hold(target.job), self._keys.hold(key):
-                        self._store_object(upload, key)
-                        with self._collected_on_failure(key):
-                            replaced = self._link_job(key, target)
-        if replaced is not None and replaced != key:
-            self._collect(replaced)
-        return key
+                self._in_parallel(lambda i: batch[i].upload.seal(), sealed)
+        except Exception as exc:
+            for i in sealed:
+                batch[i].upload.discard()
+                results[i] = exc
+            return _done(results)
+        directories: dict[Path, None] = {}  # an ordered set
+        replaced: list[bytes] = []
+        linked: list[int] = []
+        for i in sealed:
+            item = batch[i]
+            try:
+                with _disk_errors():
+                    old = self._link(item.upload, item.target, batch[i].digest, directories)
+                if old is not None and old != item.digest:
+                    replaced.append(old)
+                linked.append(i)
+            except Exception as exc:
+                results[i] = exc
+            finally:
+                item.upload.discard()
+        try:
+            with _disk_errors():
+                self._in_parallel(_fsync_dir, list(directories))
+        except Exception as exc:
+            for i in linked:
+                results[i] = exc
+        else:
+            for i in linked:
+                results[i] = batch[i].digest
+        for key in replaced:
+            self._collect(key)
+        return _done(results)
+
+    def _in_parallel(self, work: Callable[[_T], object], items: Sequence[_T]) -> None:
+        """``work`` on every item, in parallel threads when there are several (fsyncs that
+        wait on the disk together finish together); the first error is raised after all."""
+        if len(items) <= 1:
+            for item in items:
+                work(item)
+            return
+        pool = _flush_pool()
+        for future in [pool.submit(work, item) for item in items]:
+            future.result()
+
+    def _link(
+        self, upload: StagedUpload, target: JobBlob | None, key: bytes, directories: dict[Path, None]
+    ) -> bytes | None:
+        """Rename a sealed upload into ``objects/`` and link it under ``target``; records
+        the directories to flush; returns the key the name held before, if any."""
+        directories[self.layout.objects] = None
+        if target is None:
+            with self._keys.hold(key):
+                self._store_object(upload, key)
+                with self._collected_on_failure(key):
+                    self._link_content(key)
+            directories[self.layout.cache] = None
+            return None
+        with self._jobs.hold(target.job), self._keys.hold(key):
+            self._store_object(upload, key)
+            with self._collected_on_failure(key):
+                replaced = self._link_job(key, target)
+        directories[self.layout.job_blob(target.job, target.name).parent] = None
+        return replaced
 
     def link(self, key: bytes, target: JobBlob) -> int:
         """Name content already stored (under any name) as ``target``, atomically replacing an
@@ -282,13 +396,11 @@ class BlobStorage:
         info = path.stat()
         self._key_by_inode[info.st_ino] = key
         self._count(1, info.st_size)
-        _fsync_dir(self.layout.objects)
 
     def _link_content(self, key: bytes) -> None:
         path = self.layout.content(key)
         if not path.exists():
             os.link(self.layout.object(key), path)
-            _fsync_dir(self.layout.cache)
 
     def _link_job(self, key: bytes, target: JobBlob) -> bytes | None:
         """Link the object under the job name, atomically replacing an older blob of that
@@ -303,7 +415,6 @@ class BlobStorage:
         except BaseException:
             _remove(temp)
             raise
-        _fsync_dir(path.parent)
         return replaced
 
     def _make_dirs(self, directory: Path) -> None:

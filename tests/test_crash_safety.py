@@ -18,16 +18,15 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import blake3
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobClient, BlobServer, BlobStorage, InsufficientStorage, NotFound, Settings
-from blobsvc.storage import StagedUpload
+from blobsvc.storage import Publication, StagedUpload
 
 from .conftest import ServerProcess, assert_no_staging, staging_files
 
@@ -265,20 +264,20 @@ class SlowDisk:
         self.started = threading.Event()
         self.on_discarded: list[str] = []
         self.slow_write = self.slow_publish = False
-        original_write, original_publish = StagedUpload.write, BlobStorage.publish
+        original_write, original_publish = StagedUpload.write, BlobStorage.publish_batch
 
         def write(upload: StagedUpload, data: bytes | bytearray | memoryview) -> None:
             if self.slow_write and len(data) >= 256 << 10 and not self._stall(upload, "write"):
                 return
             original_write(upload, data)
 
-        def publish(storage: BlobStorage, upload: StagedUpload, target: Any, expected: bytes) -> bytes:
-            if self.slow_publish and not self._stall(upload, "publish"):
+        def publish_batch(storage: BlobStorage, batch: Sequence[Publication]) -> list[bytes | Exception]:
+            if self.slow_publish and not all(self._stall(item.upload, "publish") for item in batch):
                 raise RuntimeError("publish of a discarded upload")
-            return original_publish(storage, upload, target, expected)
+            return original_publish(storage, batch)
 
         monkeypatch.setattr(StagedUpload, "write", write)
-        monkeypatch.setattr(BlobStorage, "publish", publish)
+        monkeypatch.setattr(BlobStorage, "publish_batch", publish_batch)
 
     def _stall(self, upload: StagedUpload, what: str) -> bool:
         self.started.set()

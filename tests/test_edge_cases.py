@@ -14,9 +14,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import blake3
 import pytest
@@ -34,7 +34,7 @@ from blobsvc import (
     new_job_id,
 )
 from blobsvc.cli import main
-from blobsvc.storage import StagedUpload
+from blobsvc.storage import Publication, StagedUpload
 
 from .conftest import CuttingProxy, assert_no_staging
 
@@ -80,13 +80,13 @@ async def test_an_empty_secret_file_does_not_silently_disable_auth(
 async def test_a_put_reply_slower_than_the_timeout_is_a_read_timeout(
     server: BlobServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = BlobStorage.publish
+    original = BlobStorage.publish_batch
 
-    def slow_publish(storage: BlobStorage, upload: StagedUpload, target: Any, expected: bytes) -> bytes:
+    def slow_publish(storage: BlobStorage, batch: Sequence[Publication]) -> list[bytes | Exception]:
         time.sleep(1.0)  # a loaded disk's fsync
-        return original(storage, upload, target, expected)
+        return original(storage, batch)
 
-    monkeypatch.setattr(BlobStorage, "publish", slow_publish)
+    monkeypatch.setattr(BlobStorage, "publish_batch", slow_publish)
     async with AsyncBlobClient(server.address, timeout=0.3, retries=0) as client:
         with pytest.raises(ReadTimeout):  # is: builtins.TimeoutError, no message, not retried
             await client.put(b"a blob whose publication is slow")

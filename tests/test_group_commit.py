@@ -1,0 +1,195 @@
+"""Group commit: concurrent PUTs share one flush and lose none of their durability.
+
+The order of the disk calls is what durability rests on, and a real disk does not show it
+(nor can it be made to fail an fsync on demand): these tests wrap ``os.fsync``, ``os.rename``,
+``os.link`` and ``os.replace`` to record each call, and the error tests make a wrapped fsync
+fail. Everything else is real: files, directories, server, client, sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+
+from blobsvc import AsyncBlobClient, BlobServer, DigestMismatch, NotFound
+from blobsvc._protocol import ContentKey, JobBlob
+from blobsvc.storage import BlobStorage, Publication
+
+JOB = bytes(range(16))
+
+
+class DiskCalls:
+    """Records ``(call, path)`` for every fsync, rename, link and replace, from any thread;
+    ``fail_fsync`` makes fsyncs of paths it matches raise EIO."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.fail_fsync: Callable[[str], bool] = lambda path: False
+        self._lock = threading.Lock()
+        fsync, rename, link, replace = os.fsync, os.rename, os.link, os.replace
+
+        def record(call: str, path: Any) -> None:
+            with self._lock:
+                self.calls.append((call, str(path)))
+
+        def recording_fsync(fd: int) -> None:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            if self.fail_fsync(path):
+                raise OSError(errno.EIO, "injected fsync failure", path)
+            fsync(fd)
+            record("fsync", path)
+
+        def recording_rename(src: Any, dst: Any, **kwargs: Any) -> None:
+            rename(src, dst, **kwargs)
+            record("rename", dst)
+
+        def recording_link(src: Any, dst: Any, **kwargs: Any) -> None:
+            link(src, dst, **kwargs)
+            record("link", dst)
+
+        def recording_replace(src: Any, dst: Any, **kwargs: Any) -> None:
+            replace(src, dst, **kwargs)
+            record("replace", dst)
+
+        monkeypatch.setattr(os, "fsync", recording_fsync)
+        monkeypatch.setattr(os, "rename", recording_rename)
+        monkeypatch.setattr(os, "link", recording_link)
+        monkeypatch.setattr(os, "replace", recording_replace)
+
+    def mark(self, what: str) -> None:
+        with self._lock:
+            self.calls.append(("mark", what))
+
+    def index(self, call: str, path: str | Path) -> int:
+        return self.calls.index((call, str(path)))
+
+    def last(self, call: str, path: str | Path) -> int:
+        return len(self.calls) - 1 - self.calls[::-1].index((call, str(path)))
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[DiskCalls]:
+    yield DiskCalls(monkeypatch)
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> BlobStorage:
+    store = BlobStorage(tmp_path / "data")
+    store.recover()
+    return store
+
+
+def staged(
+    storage: BlobStorage, data: bytes, target: JobBlob | None = None, digest: bytes | None = None
+) -> Publication:
+    upload = storage.stage()
+    upload.write(data)
+    return Publication(upload, target, blake3.blake3(data).digest() if digest is None else digest)
+
+
+def test_a_batch_flushes_files_before_names_and_names_before_answering(storage: BlobStorage, disk: DiskCalls) -> None:
+    blobs = [os.urandom(100) for _ in range(4)]
+    batch = [staged(storage, data, JobBlob(JOB, f"b{i}") if i % 2 else None) for i, data in enumerate(blobs)]
+    staging = [str(item.upload.path) for item in batch]
+    results = storage.publish_batch(batch)
+    disk.mark("answered")
+    layout = storage.layout
+    keys = [blake3.blake3(data).digest() for data in blobs]
+    assert results == keys
+    names = [layout.content(k) if i % 2 == 0 else layout.job_blob(JOB, f"b{i}") for i, k in enumerate(keys)]
+    first_name_change = min(disk.index("rename", layout.object(k)) for k in keys)
+    for path in staging:
+        assert disk.index("fsync", path) < first_name_change  # every file's bytes before any name
+    directories = {layout.objects, layout.cache, layout.job_blob(JOB, "b1").parent}
+    answered = disk.index("mark", "answered")
+    for directory in directories:
+        flush = disk.last("fsync", directory)
+        assert flush < answered
+        for i, key in enumerate(keys):
+            assert disk.index("rename", layout.object(key)) < flush
+            if i % 2 == 0:
+                assert disk.index("link", names[i]) < flush
+            else:
+                assert disk.index("replace", names[i]) < flush
+    # One flush per directory for the whole batch, not one per blob.
+    for directory in (layout.objects, layout.cache):
+        assert sum(call == ("fsync", str(directory)) for call in disk.calls) == 1
+
+
+def test_a_blob_found_stored_is_answered_only_after_its_directories_are_flushed(
+    storage: BlobStorage, disk: DiskCalls
+) -> None:
+    """Another batch may have linked the same content without having flushed it yet."""
+    data = b"stored twice"
+    key = storage.publish_batch([staged(storage, data)])[0]
+    disk.calls.clear()
+    assert storage.publish_batch([staged(storage, data)]) == [key]
+    flushed = {path for call, path in disk.calls if call == "fsync"}
+    assert {str(storage.layout.objects), str(storage.layout.cache)} <= flushed
+
+
+def test_a_failed_directory_flush_fails_every_publication_of_the_batch(storage: BlobStorage, disk: DiskCalls) -> None:
+    disk.fail_fsync = lambda path: path == str(storage.layout.cache)
+    results = storage.publish_batch([staged(storage, os.urandom(64)) for _ in range(3)])
+    assert len(results) == 3
+    assert all(isinstance(result, OSError) and result.errno == errno.EIO for result in results)
+    assert os.listdir(storage.layout.incoming) == []
+
+
+def test_a_failed_file_flush_fails_the_batch_before_any_name_appears(storage: BlobStorage, disk: DiskCalls) -> None:
+    disk.fail_fsync = lambda path: "/incoming/" in path
+    batch = [staged(storage, os.urandom(64)) for _ in range(3)]
+    results = storage.publish_batch(batch)
+    assert all(isinstance(result, OSError) for result in results)
+    assert not any(call in {"rename", "link", "replace"} for call, _ in disk.calls)
+    for item in batch:
+        with pytest.raises(NotFound):
+            storage.open_blob(ContentKey(item.digest))
+    assert os.listdir(storage.layout.incoming) == []
+
+
+def test_a_wrong_digest_refuses_that_upload_alone(storage: BlobStorage) -> None:
+    good, bad = staged(storage, b"good"), staged(storage, b"bad", digest=bytes(32))
+    results = storage.publish_batch([good, bad])
+    assert results[0] == good.digest
+    assert isinstance(results[1], DigestMismatch)
+    assert os.listdir(storage.layout.incoming) == []
+
+
+async def test_concurrent_puts_share_flushes_and_each_is_answered_after_its_flush(
+    server: BlobServer, disk: DiskCalls
+) -> None:
+    blobs = [os.urandom(4096) for _ in range(32)]
+    clients = [AsyncBlobClient(server.address, timeout=10) for _ in blobs]
+
+    async def put(client: AsyncBlobClient, data: bytes) -> str:
+        key = await client.put(data)
+        disk.mark(key)
+        return key
+
+    try:
+        keys = await asyncio.gather(*(put(client, data) for client, data in zip(clients, blobs, strict=True)))
+    finally:
+        for client in clients:
+            await client.aclose()
+    assert keys == [blake3.blake3(data).hexdigest() for data in blobs]
+    assert server.committer.batches < len(blobs)  # they shared flushes
+    layout = server.storage.layout
+    for key in keys:
+        answered = disk.index("mark", key)
+        linked = disk.index("link", layout.content(bytes.fromhex(key)))
+        flushes = [i for i, call in enumerate(disk.calls) if call == ("fsync", str(layout.cache))]
+        assert any(linked < flush < answered for flush in flushes)
+        assert any(
+            disk.index("rename", layout.object(bytes.fromhex(key))) < i < answered
+            for i, call in enumerate(disk.calls)
+            if call == ("fsync", str(layout.objects))
+        )
