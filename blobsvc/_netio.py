@@ -96,22 +96,24 @@ class SocketStream:
         return False  # EOF, or bytes nobody asked for: either way not reusable
 
     async def recv(self, max_bytes: int, timeout: float | None) -> bytes:
-        """Up to ``max_bytes``; ``b""`` when the peer has closed."""
+        """Up to ``max_bytes``; ``b""`` when the peer has closed. Like every call here, it
+        tries the socket before it waits: a busy peer's bytes are often there already, and
+        then the call costs one system call, not a reader registration and a timer."""
         with _map_errors(ReadTimeout):
-            async with asyncio.timeout(timeout):
-                return await self._loop.sock_recv(self.sock, max_bytes)
+            while True:
+                try:
+                    return self.sock.recv(max_bytes)
+                except BlockingIOError:
+                    await self._readable(timeout)
 
     async def recv_into(self, view: memoryview, timeout: float | None) -> int:
-        """Receive into ``view``; the count, 0 when the peer has closed. Tries the socket
-        before it waits: a download in full flow finds bytes waiting nearly every time, and
-        then pays neither the loop's reader registration nor the timeout machinery."""
+        """Receive into ``view``; the count, 0 when the peer has closed."""
         with _map_errors(ReadTimeout):
             while True:
                 try:
                     return self.sock.recv_into(view)
                 except BlockingIOError:
-                    async with asyncio.timeout(timeout):
-                        await self._ready(self._loop.add_reader, self._loop.remove_reader)
+                    await self._readable(timeout)
 
     async def send_all(self, data: bytes | bytearray | memoryview, timeout: float | None) -> None:
         """Send everything; ``timeout`` bounds each wait for the peer to take more, so a
@@ -122,8 +124,7 @@ class SocketStream:
                 try:
                     view = view[self.sock.send(view) :]
                 except BlockingIOError:
-                    async with asyncio.timeout(timeout):
-                        await self._writable()
+                    await self._writable(timeout)
 
     async def sendfile(self, fd: int, offset: int, count: int, timeout: float) -> None:
         """Send ``count`` bytes of file ``fd`` from ``offset`` without copying them through
@@ -134,25 +135,35 @@ class SocketStream:
                 try:
                     sent = os.sendfile(out, fd, offset, min(count, 1 << 30))
                 except BlockingIOError:
-                    async with asyncio.timeout(timeout):
-                        await self._writable()
+                    await self._writable(timeout)
                     continue
                 if sent == 0:
                     raise ConnectionClosed("the file ended before the announced size")
                 offset += sent
                 count -= sent
 
-    async def _writable(self) -> None:
-        await self._ready(self._loop.add_writer, self._loop.remove_writer)
+    async def _readable(self, timeout: float | None) -> None:
+        await self._ready(self._loop.add_reader, self._loop.remove_reader, timeout)
 
-    async def _ready(self, watch: Callable[..., object], unwatch: Callable[[int], object]) -> None:
+    async def _writable(self, timeout: float | None) -> None:
+        await self._ready(self._loop.add_writer, self._loop.remove_writer, timeout)
+
+    async def _ready(
+        self, watch: Callable[..., object], unwatch: Callable[[int], object], timeout: float | None
+    ) -> None:
+        """Wait until the socket is ready, or raise TimeoutError after ``timeout``. A timer
+        on the loop rather than ``asyncio.timeout()``, which costs several ``getpid()``
+        calls on Python 3.11 (``get_running_loop``) on every small request."""
         ready = self._loop.create_future()
         fd = self.sock.fileno()
         watch(fd, _resolve, ready)
+        timer = None if timeout is None else self._loop.call_later(timeout, _expire, ready)
         try:
             await ready
         finally:
             unwatch(fd)
+            if timer is not None:
+                timer.cancel()
 
     async def linger_close(self) -> None:
         """Close after an error: stop sending, drain what the peer still sends for a moment
@@ -172,6 +183,11 @@ class SocketStream:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None) -> SocketStream:

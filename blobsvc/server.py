@@ -612,6 +612,19 @@ class _Connection:
                     writing.exception()
 
     async def _get(self, request: GetRequest) -> None:
+        self.server.ha.check()  # a standby answers NOT_LEADER, also for what it holds in memory
+        hot = self.storage.hot
+        cached = hot.get(request.target)
+        if cached is not None:
+            if request.offset > cached.size:
+                raise BadOffset(f"offset {request.offset} is past the end of a {cached.size}-byte blob")
+            header = self.parser.send(GetOk(cached.size, cached.digest))
+            count = cached.size - request.offset
+            async with body_deadline(count, self.settings.io_timeout, WriteTimeout):
+                await self.stream.send_all(header + cached.body[request.offset :], self.settings.io_timeout)
+            self.moved = count
+            return
+        generation = hot.generation
         with await self.server.open_blob(request.target) as blob:
             if request.offset > blob.size:
                 raise BadOffset(f"offset {request.offset} is past the end of a {blob.size}-byte blob")
@@ -619,8 +632,10 @@ class _Connection:
             count = blob.size - request.offset
             async with body_deadline(count, self.settings.io_timeout, WriteTimeout):
                 if count <= INLINE_READ_LIMIT:
-                    data = os.pread(blob.fd, count, request.offset)
-                    await self.stream.send_all(header + data, self.settings.io_timeout)
+                    body = os.pread(blob.fd, count, request.offset)
+                    if request.offset == 0 and len(body) == blob.size:
+                        self.storage.remember_hot(request.target, generation, blob, body)
+                    await self.stream.send_all(header + body, self.settings.io_timeout)
                 else:
                     await self.stream.send_all(header, self.settings.io_timeout)
                     await self.stream.sendfile(blob.fd, request.offset, count, self.settings.io_timeout)

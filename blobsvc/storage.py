@@ -40,6 +40,7 @@ from typing import TypeVar
 import blake3
 
 from ._exceptions import DigestMismatch, InsufficientStorage, InternalError, NotFound
+from ._hotblobs import HotBlob, HotBlobs
 from ._ids import hash_file
 from ._layout import Layout, decode_name, key_from_filename
 from ._protocol import ContentKey, JobBlob, ListEntry, WholeJob
@@ -201,6 +202,7 @@ class OpenBlob:
     fd: int
     size: int
     digest: bytes
+    inode: int = 0
 
     def close(self) -> None:
         os.close(self.fd)
@@ -241,6 +243,8 @@ class BlobStorage:
         # than walking objects/ at every scrape of the metrics.
         self._usage = [0, 0]
         self._usage_lock = threading.Lock()
+        self.hot = HotBlobs()
+        """Small blobs recently read, for the server's GETs (see :mod:`blobsvc._hotblobs`)."""
 
     def usage(self) -> tuple[int, int]:
         """Distinct blobs stored (objects, however many names each has) and their bytes."""
@@ -438,13 +442,19 @@ class BlobStorage:
                 raise NotFound(_describe(target)) from None
             info = os.fstat(fd)
             if isinstance(target, ContentKey):
-                return OpenBlob(fd, info.st_size, target.key)
+                return OpenBlob(fd, info.st_size, target.key, info.st_ino)
             key = self._key_by_inode.get(info.st_ino)
             if key is not None:
-                return OpenBlob(fd, info.st_size, key)
+                return OpenBlob(fd, info.st_size, key, info.st_ino)
             # Replaced and collected between open and lookup: the name now holds a newer blob.
             os.close(fd)
         raise InternalError(f"{_describe(target)} changed too often to be read")
+
+    def remember_hot(self, target: ContentKey | JobBlob, generation: int, blob: OpenBlob, body: bytes) -> None:
+        """Keep ``body``, the whole of ``blob`` just read, in :attr:`hot`; ``generation`` is
+        ``hot.generation`` as it was before the blob was opened."""
+        path = None if isinstance(target, ContentKey) else str(self._path(target))
+        self.hot.remember(target, generation, HotBlob(blob.size, blob.digest, body, path, blob.inode))
 
     def stat(self, target: ContentKey | JobBlob) -> tuple[int, bytes]:
         with self.open_blob(target) as blob:
@@ -477,6 +487,7 @@ class BlobStorage:
                     self.layout.content(target.key).unlink()
                 except FileNotFoundError:
                     return
+                self.hot.forget(target)
                 _fsync_dir(self.layout.cache)
                 self._collect_locked(target.key)
             return

@@ -1,0 +1,86 @@
+"""The bytes of recently read small blobs, so that a GET of a hot small blob costs no
+``open``, ``fstat``, ``pread`` or ``close``: a dictionary lookup and one send.
+
+What keeps it from serving what is gone or replaced:
+
+* a content-addressed blob's bytes never change under its key; only a DELETE removes it,
+  and :meth:`BlobStorage.delete` calls :meth:`HotBlobs.forget` once the name is unlinked;
+* a job-scoped name can be replaced (or removed) by paths this module does not see, so its
+  entry keeps the inode it was read from and is served only while a ``stat`` of the name
+  still finds that inode (one system call instead of four);
+* an entry read before a ``forget`` and stored after it would bring the old bytes back:
+  every ``forget`` bumps a generation, and :meth:`HotBlobs.remember` drops entries read
+  under an older one.
+
+Bounded by ``max_bytes`` (least recently used entries go first); safe from any thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from dataclasses import dataclass
+
+from ._protocol import ContentKey, JobBlob
+
+__all__ = ["HotBlob", "HotBlobs"]
+
+# The bytes kept at most: a few thousand small blobs, a small part of a server's memory.
+DEFAULT_MAX_BYTES = 32 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class HotBlob:
+    size: int
+    digest: bytes
+    body: bytes
+    path: str | None = None  # job-scoped names: checked against ``inode`` before use
+    inode: int = 0
+
+
+class HotBlobs:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._entries: collections.OrderedDict[ContentKey | JobBlob, HotBlob] = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.generation = 0
+        """Read before opening a blob, passed to :meth:`remember` after reading it."""
+
+    def get(self, target: ContentKey | JobBlob) -> HotBlob | None:
+        entry = self._entries.get(target)
+        if entry is None:
+            return None
+        if entry.path is not None:
+            try:
+                if os.stat(entry.path).st_ino != entry.inode:
+                    return None
+            except OSError:
+                return None
+        with self._lock:
+            if target in self._entries:
+                self._entries.move_to_end(target)
+        return entry
+
+    def remember(self, target: ContentKey | JobBlob, generation: int, entry: HotBlob) -> None:
+        if len(entry.body) > self.max_bytes:
+            return
+        with self._lock:
+            if generation != self.generation:
+                return  # a forget() ran since this was read: it may be of what is gone
+            old = self._entries.pop(target, None)
+            if old is not None:
+                self._bytes -= len(old.body)
+            self._entries[target] = entry
+            self._bytes += len(entry.body)
+            while self._bytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= len(evicted.body)
+
+    def forget(self, target: ContentKey | JobBlob) -> None:
+        with self._lock:
+            self.generation += 1
+            old = self._entries.pop(target, None)
+            if old is not None:
+                self._bytes -= len(old.body)
