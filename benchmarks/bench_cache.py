@@ -25,42 +25,12 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
-from typing import Any
 
 from blobsvc import BlobClient, BlobServer, Settings
-from blobsvc.cache import BlobCache
+from blobsvc._measure import fan_out_seconds
 
 CHUNK = 16 << 20
-
-
-def fetch(address: str, cache_dir: Path, key: str, barrier: Any, results: Any) -> None:
-    with BlobCache(address, cache_dir, max_bytes=1 << 40, timeout=120) as cache:
-        barrier.wait(120)
-        started = time.monotonic()
-        path = cache.path(key)
-        results.put((started, time.monotonic(), str(path)))
-
-
-def measure(context: Any, address: str, key: str, processes: int, cache_dir: Path) -> float:
-    barrier, results = context.Barrier(processes), context.Queue()
-    children = [
-        context.Process(target=fetch, args=(address, cache_dir, key, barrier, results), daemon=True)
-        for _ in range(processes)
-    ]
-    for child in children:
-        child.start()
-    try:
-        answers: list[tuple[float, float, str]] = [results.get(timeout=300) for _ in children]
-    finally:
-        for child in children:
-            child.join(30)
-            if child.is_alive():
-                child.kill()
-    if len({path for _, _, path in answers}) != 1:
-        raise RuntimeError(f"the processes got different paths: {answers}")
-    return max(end for _, end, _ in answers) - min(start for start, _, _ in answers)
 
 
 def upload(address: str, size: int) -> str:
@@ -100,7 +70,7 @@ def main() -> int:
                 for processes in times:
                     gets = server.requests["GET"]
                     cache_dir = root / f"cache-{round_}-{processes}"
-                    seconds = measure(context, address, key, processes, cache_dir)
+                    seconds = fan_out_seconds(context, address, key, processes, cache_dir)
                     shutil.rmtree(cache_dir)  # its dirty pages must not slow the next round's fsync
                     times[processes].append(seconds)
                     record = {

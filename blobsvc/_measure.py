@@ -61,6 +61,7 @@ from ._protocol import (
     Signal,
     encode_request,
 )
+from .cache import BlobCache
 
 MB = 1_000_000
 MiB = 1 << 20
@@ -700,9 +701,17 @@ def run_async(coroutine: Any) -> Any:
 
 
 def small_puts(
-    server: Server, size: int, max_ops: int, max_seconds: float, warmup: int, connections: int = CONNECTIONS
+    server: Server,
+    size: int,
+    max_ops: int,
+    max_seconds: float,
+    warmup: int,
+    connections: int = CONNECTIONS,
+    *,
+    keep_keys: bool = False,
 ) -> tuple[SmallResult, list[bytes]]:
-    """Unique blobs (so each PUT stores a new object); returns some keys for the GETs."""
+    """Unique blobs (so each PUT stores a new object); returns the first ``GET_KEYS`` keys
+    for the GETs, or every key with ``keep_keys``."""
     base = bytearray(os.urandom(size))
     header = encode_request(PutRequest(size))
     keys: list[bytes] = []
@@ -711,7 +720,7 @@ def small_puts(
         struct.pack_into("<Q", base, 0, number)
         body = bytes(base)
         digest = blake3.blake3(body).digest()
-        if len(keys) < GET_KEYS:
+        if keep_keys or len(keys) < GET_KEYS:
             keys.append(digest)
         return header + body + encode_request(PutTrailer(digest)), 33, lambda reply: reply[1:] == digest
 
@@ -816,3 +825,37 @@ def make_source(path: Path, size: int) -> bytes:
     digest = hasher.digest()
     assert isinstance(digest, bytes)
     return digest
+
+
+# --- fan-out through a host cache ----------------------------------------------------------
+
+
+def _fetch_through_cache(address: str, cache_dir: Path, key: str, barrier: Any, results: Any) -> None:
+    with BlobCache(address, cache_dir, max_bytes=1 << 40, timeout=120) as cache:
+        barrier.wait(120)
+        started = time.monotonic()
+        path = cache.path(key)
+        results.put((started, time.monotonic(), str(path)))
+
+
+def fan_out_seconds(context: Any, address: str, key: str, processes: int, cache_dir: Path) -> float:
+    """Seconds for ``processes`` children of ``context`` (a multiprocessing context) to get
+    blob ``key`` through one BlobCache in ``cache_dir``: from a barrier (every child has
+    opened its cache) to the last child holding its verified path."""
+    barrier, results = context.Barrier(processes), context.Queue()
+    children = [
+        context.Process(target=_fetch_through_cache, args=(address, cache_dir, key, barrier, results), daemon=True)
+        for _ in range(processes)
+    ]
+    for child in children:
+        child.start()
+    try:
+        answers: list[tuple[float, float, str]] = [results.get(timeout=300) for _ in children]
+    finally:
+        for child in children:
+            child.join(30)
+            if child.is_alive():
+                child.kill()
+    if len({path for _, _, path in answers}) != 1:
+        raise RuntimeError(f"the processes got different paths: {answers}")
+    return max(end for _, end, _ in answers) - min(start for start, _, _ in answers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import json
 import logging
 import os
@@ -393,6 +394,43 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
         click.echo(blob_url(http_url, key=key, job=job, name=name, secret=settings.secret(), expires_in=expires_in))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+@main.command()
+@click.option("-s", "--server", default=None, help="HOST:PORT of the server to measure [default: a fresh local one].")
+@click.option("--quick", is_flag=True, help="Tiny sizes and counts: proves the bench runs, measures little.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw the results into this PNG.")
+@click.option("--tmp-dir", type=click.Path(file_okay=False), help="Parent of the bench's files [default: $TMPDIR].")
+def bench(server: str | None, quick: bool, plot_path: str | None, tmp_dir: str | None) -> None:
+    """Measure a server beside baselines taken in the same run on this machine.
+
+    PUT and GET of 4 KiB, 1 MiB, 64 MiB and 512 MiB blobs over 1, 8 and 32 connections,
+    then 8 processes asking one host cache for one blob. Prints one JSON object per
+    measurement on stdout and a summary table on stderr. Without --server it starts a local
+    `blobsvc serve` on a temporary data directory and stops it at the end; with one, it
+    deletes what it stored. --plot needs matplotlib (pip install 'blobsvc[bench]').
+    """
+    from . import _measure
+    from . import bench as benchmark
+
+    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise click.ClickException("--plot needs matplotlib: pip install 'blobsvc[bench]'")
+    plan = benchmark.Plan.quick(tmp_dir) if quick else benchmark.Plan(tmp_dir=tmp_dir)
+    records: list[dict[str, Any]] = []
+
+    def emit(record: dict[str, Any]) -> None:
+        records.append(record)
+        click.echo(json.dumps(record))
+
+    try:
+        with click.progressbar(length=len(benchmark.steps(plan)), label="measuring", file=sys.stderr) as bar:
+            benchmark.run(plan, emit, address=server, progress=lambda label: bar.update(1))
+    except (_measure.BenchError, BlobError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(benchmark.table(records), err=True)
+    if plot_path is not None:
+        benchmark.plot(records, plot_path)
+        click.echo(f"plot written to {plot_path}", err=True)
 
 
 main.add_command(cache)
