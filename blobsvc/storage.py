@@ -538,7 +538,13 @@ class BlobStorage:
     # --- start-up --------------------------------------------------------------------------
 
     def recover(self) -> RecoveryReport:
-        """Create the layout, then bring it back to a state every promise holds for."""
+        """Create the layout, then bring it back to a state every promise holds for.
+
+        Sized for millions of blobs: directories are read with ``os.scandir``, whose entries
+        carry each name's inode and type without a system call, so a name that links to a
+        known object costs no ``stat``; only objects are stat-ed (for their link count and
+        size), and nothing is held per blob but :attr:`_key_by_inode`.
+        """
         layout = self.layout
         for directory in (layout.root, layout.incoming, layout.objects, layout.cache):
             directory.mkdir(parents=True, exist_ok=True)
@@ -548,62 +554,94 @@ class BlobStorage:
             _remove(leftover)
             report.removed_staging += 1
 
-        corrupt_inodes = self._scan_objects(report)
-        for path in list(layout.cache.iterdir()):
-            key = key_from_filename(path.name)
-            if self._keep(path, key, corrupt_inodes, report):
+        # Objects no name links to, and objects whose names were removed below: checked last.
+        suspects: set[int] = set()
+        corrupt_inodes = self._scan_objects(report, suspects)
+        unknown: list[tuple[Path, bytes | None]] = []
+        with os.scandir(layout.cache) as entries:
+            for entry in entries:
+                key = key_from_filename(entry.name)
+                if (
+                    key is not None
+                    and entry.is_file(follow_symlinks=False)
+                    and self._key_by_inode.get(entry.inode()) == key
+                ):
+                    report.content_blobs += 1
+                else:
+                    unknown.append((Path(entry.path), key))
+        for path, key in unknown:
+            if self._keep(path, key, corrupt_inodes, report, suspects):
                 report.content_blobs += 1
         for job_dir in layout.job_dirs().values():
             for path in _files_under(job_dir):
                 name = decode_name(path.relative_to(job_dir))
                 if name is None:
                     report.removed_stray.append(str(path))
+                    suspects.add(path.lstat().st_ino)
                     _remove(path)
-                elif self._keep(path, None, corrupt_inodes, report):
+                elif self._keep(path, None, corrupt_inodes, report, suspects):
                     report.job_blobs += 1
             _prune_empty_tree(job_dir)
 
-        for path in list(layout.objects.iterdir()):
+        for inode in suspects:
+            key = self._key_by_inode.get(inode)
+            if key is None:
+                continue
+            path = layout.object(key)
             info = path.stat()
             if info.st_nlink <= 1:
-                self._key_by_inode.pop(info.st_ino, None)
+                self._key_by_inode.pop(inode)
                 path.unlink()
                 report.removed_orphans += 1
-            else:
-                report.objects += 1
-                report.bytes += info.st_size
+                report.bytes -= info.st_size
+        report.objects = len(self._key_by_inode)
         for directory in (layout.root, layout.incoming, layout.objects, layout.cache):
             _fsync_dir(directory)
         with self._usage_lock:
             self._usage = [report.objects, report.bytes]
         return report
 
-    def _scan_objects(self, report: RecoveryReport) -> set[int]:
+    def _scan_objects(self, report: RecoveryReport, suspects: set[int]) -> set[int]:
+        """Learn every object's inode; returns the inodes of objects found corrupt (and
+        removed). Objects without a name join ``suspects``; ``report.bytes`` sums the rest."""
         corrupt: set[int] = set()
-        for path in list(self.layout.objects.iterdir()):
-            key = key_from_filename(path.name)
-            info = path.lstat()
-            if key is None or not stat.S_ISREG(info.st_mode):
-                report.removed_stray.append(str(path))
-                _remove(path)
-            elif self.verify_on_start and hash_file(path) != key:
-                report.removed_corrupt.append(str(path))
-                corrupt.add(info.st_ino)
-                path.unlink()
-            else:
+        doomed: list[str] = []
+        with os.scandir(self.layout.objects) as entries:
+            for entry in entries:
+                key = key_from_filename(entry.name)
+                if key is None or not entry.is_file(follow_symlinks=False):
+                    report.removed_stray.append(entry.path)
+                    doomed.append(entry.path)
+                    continue
+                info = entry.stat(follow_symlinks=False)
+                if self.verify_on_start and hash_file(Path(entry.path)) != key:
+                    report.removed_corrupt.append(entry.path)
+                    corrupt.add(info.st_ino)
+                    doomed.append(entry.path)
+                    continue
                 self._key_by_inode[info.st_ino] = key
+                report.bytes += info.st_size
+                if info.st_nlink <= 1:
+                    suspects.add(info.st_ino)
+        for path in doomed:  # not while the directory is being read
+            _remove(Path(path))
         return corrupt
 
-    def _keep(self, path: Path, expected: bytes | None, corrupt: set[int], report: RecoveryReport) -> bool:
-        """Whether a name found at start may be served; links it to its object if needed."""
+    def _keep(
+        self, path: Path, expected: bytes | None, corrupt: set[int], report: RecoveryReport, suspects: set[int]
+    ) -> bool:
+        """Whether a name found at start may be served; links it to its object if needed.
+        The inode of a name removed joins ``suspects``: its object may have no name left."""
         info = path.lstat()
         if not stat.S_ISREG(info.st_mode) or path.name.startswith("."):
             report.removed_stray.append(str(path))
+            suspects.add(info.st_ino)
             _remove(path)
             return False
         known = self._key_by_inode.get(info.st_ino)
         if known is not None and expected in (None, known):
             return True
+        suspects.add(info.st_ino)  # this name is removed or relinked below
         if info.st_ino in corrupt:
             report.removed_corrupt.append(str(path))
             path.unlink()
@@ -615,18 +653,22 @@ class BlobStorage:
             report.removed_corrupt.append(str(path))
             path.unlink()
             return False
-        self._adopt(path, key)
+        report.bytes += self._adopt(path, key)
         return True
 
-    def _adopt(self, path: Path, key: bytes) -> None:
+    def _adopt(self, path: Path, key: bytes) -> int:
+        """Link a name to the object of its key, making it the object if there is none;
+        returns the bytes of an object so made."""
         obj = self.layout.object(key)
         if obj.exists():
             temp = path.parent / f".link-{secrets.token_hex(8)}"
             os.link(obj, temp)
             os.replace(temp, path)
-        else:
-            os.link(path, obj)
-            self._key_by_inode[obj.stat().st_ino] = key
+            return 0
+        os.link(path, obj)
+        info = obj.stat()
+        self._key_by_inode[info.st_ino] = key
+        return info.st_size
 
 
 def _describe(target: ContentKey | JobBlob) -> str:

@@ -213,3 +213,24 @@ def test_recovery_removes_strays_and_orphaned_objects(storage: BlobStorage) -> N
     assert report.removed_orphans == 1
     assert files(storage.layout.root) == []
     assert len(report.removed_stray) == 3 and len(report.removed_corrupt) == 1
+
+
+def test_recovery_removes_an_object_whose_only_names_were_removed_as_strays_or_corrupt(
+    storage: BlobStorage,
+) -> None:
+    """Such an object had links when its directory was read; it is an orphan only after."""
+    first, second = put(storage, b"first"), put(storage, b"second")
+    content = storage.layout.content(first)
+    os.rename(content, storage.layout.cache / ".link-crashed")  # a publication's temp name
+    os.rename(storage.layout.content(second), storage.layout.cache / ("f" * 64))  # a name of another key
+    report = BlobStorage(storage.layout.root).recover()
+    assert report.removed_orphans == 2
+    assert report.objects == 0 and report.bytes == 0
+    assert files(storage.layout.root) == []
+
+
+def test_recovery_reports_the_objects_it_keeps_and_their_bytes(storage: BlobStorage) -> None:
+    put(storage, b"a" * 10)
+    put(storage, b"b" * 20, JobBlob(JOB, "b"))
+    report = BlobStorage(storage.layout.root).recover()
+    assert (report.objects, report.bytes, report.content_blobs, report.job_blobs) == (2, 30, 1, 1)
