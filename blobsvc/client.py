@@ -88,6 +88,7 @@ from ._protocol import (
     StatusRequest,
     WholeJob,
 )
+from ._threads import wait_out
 from .config import DEFAULT_PORT, parse_address
 from .ha.discovery import LeaderResolver, is_zk_url
 
@@ -208,29 +209,14 @@ class _Worker:
         write to next), then end the thread; errors were or will be reported elsewhere."""
         try:
             while self._jobs:
-                await _wait_out(self._jobs.popleft())
+                job = self._jobs.popleft()
+                await wait_out(job)
+                if not job.cancelled():
+                    job.exception()  # reported by whoever waited for it, or moot
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
-
-
-async def _wait_out(future: asyncio.Future[Any] | None) -> None:
-    """Wait until a worker thread's job is done, through any number of cancellations, and
-    re-raise the cancellation after: the caller is about to close what the thread reads or
-    writes. The job's own error, if any, is for others to report."""
-    if future is None:
-        return
-    cancelled = False
-    while not future.done():
-        try:
-            await asyncio.wait([future])
-        except asyncio.CancelledError:
-            cancelled = True
-    if not future.cancelled():
-        future.exception()
-    if cancelled:
-        raise asyncio.CancelledError
 
 
 class _Sink:
@@ -979,7 +965,10 @@ class _WholeBody(_Body):
 
     async def aclose(self) -> None:
         """Wait until the hashing thread is done with the source, before it is closed."""
-        await _wait_out(self._hashing)
+        if self._hashing is not None:
+            await wait_out(self._hashing)
+            if not self._hashing.cancelled():
+                self._hashing.exception()  # a short file: the upload failed already
 
 
 class _SourceOpener:

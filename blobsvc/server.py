@@ -90,6 +90,7 @@ from ._protocol import (
     StatusOk,
     StatusRequest,
 )
+from ._threads import wait_out
 from ._tls import TlsStream, server_context_for
 from .config import Settings
 from .ha import HighAvailability, high_availability
@@ -367,24 +368,10 @@ def _version() -> str:
 _T = TypeVar("_T")
 
 
-async def _wait_out(future: asyncio.Future[Any]) -> None:
-    """Wait until work a worker thread does on an upload is done, through any number of
-    cancellations (shutdown, then a second Ctrl-C), and re-raise the cancellation after: the
-    caller removes the staging file next, and no thread may touch an upload after that."""
-    cancelled = False
-    while not future.done():
-        try:
-            await asyncio.wait([future])
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-
-
 async def _finish(work: Awaitable[_T]) -> _T:
     """The result of a worker thread's work on an upload, waited for even when cancelled."""
     future = asyncio.ensure_future(work)
-    await _wait_out(future)
+    await wait_out(future)
     return future.result()
 
 
@@ -593,7 +580,7 @@ class _Connection:
             while True:
                 event = await self._next_event(self.settings.io_timeout)
                 if writing is not None:
-                    await _wait_out(writing)
+                    await wait_out(writing)
                     written, writing = writing, None
                     written.result()  # a full disk surfaces here
                 if isinstance(event, PutTrailer):
@@ -607,7 +594,7 @@ class _Connection:
             if writing is not None:
                 # Never leave a thread writing to a staging file that is about to be removed;
                 # the error that brought us here matters more than this write's own.
-                await _wait_out(writing)
+                await wait_out(writing)
                 if not writing.cancelled():
                     writing.exception()
 
