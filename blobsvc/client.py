@@ -322,13 +322,18 @@ class _FileSink(_Sink):
         self._busy: collections.deque[bytearray] = collections.deque()
         self._buffer: bytearray | None = None
         self._fill = 0
+        self._total = 0
+
+    def begin(self, total: int) -> None:
+        self._total = total
 
     async def room(self, most: int) -> memoryview:
         if self._buffer is None:
             if not self._free and len(self._busy) + 1 >= BODY_BUFFERS:
                 await self._worker.wait_oldest()
                 self._free.append(self._busy.popleft())
-            self._buffer = self._free.pop() if self._free else bytearray(BODY_BUFFER)
+            # A small blob gets a buffer of its size, not 8 MiB.
+            self._buffer = self._free.pop() if self._free else bytearray(min(BODY_BUFFER, self._total - self.size))
         return memoryview(self._buffer)[self._fill : self._fill + most]
 
     async def filled(self, count: int) -> None:
