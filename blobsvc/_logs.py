@@ -89,10 +89,11 @@ def log_request(event: Any, outcome: int, moved: int, seconds: float, stream: An
 def log_recovery(report: RecoveryReport, data_dir: object) -> None:
     """The start-up scan's report: what is served, and each thing removed with the reason."""
     blobs = report.content_blobs + report.job_blobs
+    size = "" if report.bytes is None else f" ({report.bytes} bytes)"  # not counted without verifying
     log.info(
-        "serving %d blobs (%d bytes) from %s",
+        "serving %d blobs%s from %s",
         blobs,
-        report.bytes,
+        size,
         data_dir,
         extra={"fields": {"blobs": blobs, "objects": report.objects, "bytes": report.bytes}},
     )

@@ -234,3 +234,13 @@ def test_recovery_reports_the_objects_it_keeps_and_their_bytes(storage: BlobStor
     put(storage, b"b" * 20, JobBlob(JOB, "b"))
     report = BlobStorage(storage.layout.root).recover()
     assert (report.objects, report.bytes, report.content_blobs, report.job_blobs) == (2, 30, 1, 1)
+
+
+def test_recovery_without_verification_counts_no_bytes_and_still_finds_orphans(storage: BlobStorage) -> None:
+    """Counting bytes would stat every object; a start without rehashing skips it."""
+    kept, orphan = put(storage, b"kept"), put(storage, b"orphan")
+    storage.layout.content(orphan).unlink()
+    report = BlobStorage(storage.layout.root, verify_on_start=False).recover()
+    assert report.bytes is None
+    assert (report.objects, report.content_blobs, report.removed_orphans) == (1, 1, 1)
+    assert storage.layout.object(kept).exists() and not storage.layout.object(orphan).exists()
