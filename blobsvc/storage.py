@@ -562,13 +562,13 @@ class BlobStorage:
         unknown: list[tuple[Path, bytes | None]] = []
         with os.scandir(layout.cache) as entries:
             for entry in entries:
-                key = key_from_filename(entry.name)
                 inode = entry.inode()
-                if key is not None and entry.is_file(follow_symlinks=False) and self._key_by_inode.get(inode) == key:
+                known = self._key_by_inode.get(inode)
+                if known is not None and known.hex() == entry.name and entry.is_file(follow_symlinks=False):
                     report.content_blobs += 1
                     unnamed.discard(inode)
                 else:
-                    unknown.append((Path(entry.path), key))
+                    unknown.append((Path(entry.path), key_from_filename(entry.name)))
         for path, key in unknown:
             if self._keep(path, key, corrupt_inodes, report, unnamed):
                 report.content_blobs += 1
