@@ -12,7 +12,9 @@ same run on the same machine, so that the ratios mean something on a loaded mach
 * large blobs: MB/s through :class:`AsyncBlobClient`, N transfers at once (PUTs of a file,
   GETs into memory, and one ``get_file`` to disk). Baselines: a child process
   ``os.sendfile``-s the file into a loopback socket, received into memory (``sendfile``, the
-  ceiling of a GET) or written and fsynced (``write_fsync``, the ceiling of a PUT).
+  ceiling of a GET) or written and fsynced (``write_fsync``, the ceiling of a PUT); and how
+  fast this machine hands out fresh zeroed memory (``fresh_memory``), which a GET into memory
+  pays for every byte and the ``sendfile`` baseline, receiving into one reused buffer, does not.
 * fan-out: seconds for 8 processes to get one blob through one :class:`BlobCache`, against one
   process alone, and how many GETs the server saw.
 
@@ -197,8 +199,12 @@ def _large_baselines(size: int) -> Callable[[_Context], None]:
         buffer = bytearray(size)
         view = memoryview(buffer)
         sink = context.work / "baseline.bin"
-        sendfile, write_fsync = [], []
+        sendfile, write_fsync, fresh = [], [], []
         for _ in range(context.plan.repeat):
+            started = time.perf_counter()
+            block = bytearray(size)  # fresh zeroed pages, as a GET into memory receives into
+            fresh.append(time.perf_counter() - started)
+            del block
             os.sync()
             sendfile.append(m.baseline_transfer("sendfile", source, size, lambda s: m.recv_into_all(s, view))[0])
             sink.unlink(missing_ok=True)
@@ -207,7 +213,11 @@ def _large_baselines(size: int) -> Callable[[_Context], None]:
                 m.baseline_transfer("sendfile", source, size, lambda s: m.receive_write_fsync(s, sink, size))[0]
             )
             sink.unlink(missing_ok=True)
-        for name, seconds in (("baseline_sendfile", sendfile), ("baseline_write_fsync", write_fsync)):
+        for name, seconds in (
+            ("baseline_sendfile", sendfile),
+            ("baseline_write_fsync", write_fsync),
+            ("baseline_fresh_memory", fresh),
+        ):
             context.emit(_rate_record(name, size, 1, seconds))
 
     return cell
