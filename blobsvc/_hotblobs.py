@@ -84,3 +84,9 @@ class HotBlobs:
             old = self._entries.pop(target, None)
             if old is not None:
                 self._bytes -= len(old.body)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.generation += 1
+            self._entries.clear()
+            self._bytes = 0

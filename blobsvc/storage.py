@@ -553,6 +553,7 @@ class BlobStorage:
             directory.mkdir(parents=True, exist_ok=True)
         report = RecoveryReport()
         self._key_by_inode.clear()
+        self.hot.clear()  # what it holds may be among what recovery removes
         for leftover in list(layout.incoming.iterdir()):
             _remove(leftover)
             report.removed_staging += 1
