@@ -180,6 +180,12 @@ class TlsStream(SocketStream):
             size += len(piece)
         return first if len(pieces) == 1 else b"".join(pieces)
 
+    async def recv_into(self, view: memoryview, timeout: float | None) -> int:
+        """Decrypted bytes into ``view`` (a copy: the TLS object hands out new bytes)."""
+        data = await self.recv(len(view), timeout)
+        view[: len(data)] = data
+        return len(data)
+
     async def send_all(self, data: bytes | bytearray | memoryview, timeout: float | None) -> None:
         if self._plain:
             return await SocketStream.send_all(self, data, timeout)

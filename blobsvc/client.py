@@ -224,6 +224,8 @@ class _Sink:
     (:meth:`room`, then :meth:`filled`), and a worker thread hashes what has arrived while
     the loop receives more. ``size`` is what it holds, so that a retry resumes from there."""
 
+    inline_limit = INLINE_HASH_LIMIT
+
     def __init__(self, hasher: Any = None, size: int = 0) -> None:
         self.size = size
         self._hasher = blake3.blake3() if hasher is None else hasher
@@ -275,7 +277,7 @@ class _Sink:
             if step is not None:
                 step(view)
 
-        if len(view) < INLINE_HASH_LIMIT and not self._worker.queued:
+        if len(view) < self.inline_limit and not self._worker.queued:
             job()
             return False
         self._worker.submit(job)
@@ -348,8 +350,11 @@ class _FileSink(_Sink):
         if buffer is None or not count:
             return
         self._buffer, self._fill, self._offset = None, 0, offset + count
-        queued = self._hash_then(functools.partial(_write_at, self.fd, offset=offset), memoryview(buffer)[:count])
+        queued = self._hash_then(functools.partial(self._write, offset=offset), memoryview(buffer)[:count])
         (self._busy if queued else self._free).append(buffer)
+
+    def _write(self, view: memoryview, *, offset: int) -> None:
+        _write_at(self.fd, view, offset=offset)
 
     async def digest(self) -> bytes:
         self._hand_over()
@@ -388,26 +393,22 @@ _SYNC_FILE_RANGE_WRITE = 2
 _start_writeback = _writeback_starter()
 
 
-class _ThreadWriter:
-    """A blocking binary stream written from a worker thread, so that a slow reader of a
-    pipe stalls this download, not the event loop."""
+class _StreamSink(_FileSink):
+    """Writes to a binary stream that cannot be rewound (stdout, a pipe), always from the
+    worker thread, so that a slow reader of a pipe stalls this download, not the event loop.
+    A resumed read continues the stream; a download that would have to start over fails."""
+
+    inline_limit = 0
 
     def __init__(self, stream: IO[bytes]) -> None:
+        super().__init__(-1)
         self.stream = stream
 
-    async def write(self, data: bytes | bytearray | memoryview) -> None:
-        await asyncio.to_thread(self.stream.write, data)
-
-
-class _StreamSink(_FileSink):
-    """Writes to a stream that cannot be rewound (stdout): a resumed read continues it, but
-    a download that would have to start over fails instead."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        super().__init__(_ThreadWriter(stream))
+    def _write(self, view: memoryview, *, offset: int) -> None:
+        self.stream.write(view)
 
     async def reset(self) -> None:
-        await self.drain()
+        await self._worker.wait_all()
         raise DigestMismatch(
             f"the {self.size} bytes written so far are not of the blob now stored (it changed or arrived "
             "damaged), and a stream cannot start over: discard them"
@@ -565,7 +566,10 @@ class AsyncBlobClient:
         discarded. A broken read resumes where the stream stopped.
         """
         sink = _StreamSink(stream)
-        return await self._fetch(_target(key, job, name), sink, timeout, progress)
+        try:
+            return await self._fetch(_target(key, job, name), sink, timeout, progress)
+        finally:
+            await sink.aclose()  # no thread may still write to the stream when this returns
 
     async def resume_file(
         self,
@@ -790,7 +794,7 @@ class AsyncBlobClient:
         early = asyncio.ensure_future(channel.reply(None))
         try:
             sent = 0
-            async with contextlib.aclosing(body.send(channel, timeout)) as pieces:
+            async with contextlib.aclosing(body.send(channel, timeout, early.done)) as pieces:
                 async for count in pieces:
                     sent += count
                     if progress:
@@ -894,9 +898,10 @@ async def _receive_body(channel: _Channel, sink: _Sink, timeout: float, progress
 
 class _Body:
     """A PUT body of one attempt: :meth:`send` sends it piece by piece, yielding each
-    piece's size; :meth:`digest` is its BLAKE3 once every byte has been sent."""
+    piece's size, and stops before a piece once ``stop()`` (the server answered early);
+    :meth:`digest` is its BLAKE3 once every byte has been sent."""
 
-    async def send(self, channel: _Channel, timeout: float) -> AsyncGenerator[int, None]:
+    async def send(self, channel: _Channel, timeout: float, stop: Callable[[], bool]) -> AsyncGenerator[int, None]:
         raise NotImplementedError
         yield 0
 
@@ -911,8 +916,10 @@ class _StreamBody(_Body):
         self._chunks = chunks
         self._hasher = blake3.blake3()
 
-    async def send(self, channel: _Channel, timeout: float) -> AsyncGenerator[int, None]:
+    async def send(self, channel: _Channel, timeout: float, stop: Callable[[], bool]) -> AsyncGenerator[int, None]:
         async for chunk in self._chunks:
+            if stop():
+                return
             self._hasher.update(chunk)
             await channel.send(Data(chunk), timeout)
             yield len(chunk)
@@ -951,10 +958,12 @@ class _WholeBody(_Body):
         assert isinstance(digest, bytes)
         return digest
 
-    async def send(self, channel: _Channel, timeout: float) -> AsyncGenerator[int, None]:
+    async def send(self, channel: _Channel, timeout: float, stop: Callable[[], bool]) -> AsyncGenerator[int, None]:
         if self.length >= INLINE_HASH_LIMIT:
             self._hashing = asyncio.ensure_future(asyncio.to_thread(self._hash))
         for offset in range(0, self.length, SEND_PIECE):
+            if stop():
+                return
             count = min(SEND_PIECE, self.length - offset)
             if self._view is not None:
                 await channel.send(Data(self._view[offset : offset + count]), timeout)

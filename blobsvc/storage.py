@@ -245,6 +245,7 @@ class BlobStorage:
         # than walking objects/ at every scrape of the metrics.
         self._usage = [0, 0]
         self._usage_lock = threading.Lock()
+        self._uncounted: set[int] = set()  # objects whose bytes usage() does not hold yet
         self.hot = HotBlobs()
         """Small blobs recently read, for the server's GETs (see :mod:`blobsvc._hotblobs`)."""
 
@@ -535,7 +536,10 @@ class BlobStorage:
         if info.st_nlink <= 1:
             self._key_by_inode.pop(info.st_ino, None)
             path.unlink()
-            self._count(-1, -info.st_size)
+            with self._usage_lock:
+                counted = info.st_ino not in self._uncounted
+                self._uncounted.discard(info.st_ino)
+            self._count(-1, -info.st_size if counted else 0)
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -597,8 +601,30 @@ class BlobStorage:
         for directory in (layout.root, layout.incoming, layout.objects, layout.cache):
             _fsync_dir(directory)
         with self._usage_lock:
-            self._usage = [report.objects, report.bytes]
+            self._usage = [report.objects, report.bytes or 0]
+            self._uncounted = set() if report.bytes is not None else set(self._key_by_inode)
+        if self._uncounted:
+            threading.Thread(target=self._count_bytes, name="blobsvc-count-bytes", daemon=True).start()
         return report
+
+    def _count_bytes(self) -> None:
+        """Add the sizes of the objects a start without verification did not stat to
+        :meth:`usage`, in a thread, while the server already serves. Each object is counted
+        under the usage lock, so that collecting it meanwhile subtracts its size only if it
+        was added; one found gone is left for its collection to settle."""
+        for inode in list(self._uncounted):
+            with self._usage_lock:
+                key = self._key_by_inode.get(inode)
+                if inode not in self._uncounted or key is None:
+                    continue
+                try:
+                    size = os.stat(self.layout.object(key)).st_size
+                except FileNotFoundError:
+                    continue
+                self._uncounted.discard(inode)
+                self._usage[1] += size
+        with self._usage_lock:
+            self._uncounted = set(self._uncounted)  # a compact copy: sets do not shrink
 
     def _scan_objects(self, report: RecoveryReport) -> set[int]:
         """Learn every object's inode; returns the inodes of objects found corrupt (and
