@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
 
 from ._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTimeout, Timeout, WriteTimeout
+
+_T = TypeVar("_T")
 
 __all__ = ["MIN_BODY_RATE", "SocketStream", "body_deadline", "connect", "header_deadline"]
 
@@ -96,22 +100,21 @@ class SocketStream:
         return False  # EOF, or bytes nobody asked for: either way not reusable
 
     async def recv(self, max_bytes: int, timeout: float | None) -> bytes:
-        """Up to ``max_bytes``; ``b""`` when the peer has closed. Like every call here, it
-        tries the socket before it waits: a busy peer's bytes are often there already, and
-        then the call costs one system call, not a reader registration and a timer."""
-        with _map_errors(ReadTimeout):
-            while True:
-                try:
-                    return self.sock.recv(max_bytes)
-                except BlockingIOError:
-                    await self._readable(timeout)
+        """Up to ``max_bytes``; ``b""`` when the peer has closed."""
+        return await self._receive(functools.partial(self.sock.recv, max_bytes), timeout)
 
     async def recv_into(self, view: memoryview, timeout: float | None) -> int:
         """Receive into ``view``; the count, 0 when the peer has closed."""
+        return await self._receive(functools.partial(self.sock.recv_into, view), timeout)
+
+    async def _receive(self, receive: Callable[[], _T], timeout: float | None) -> _T:
+        """``receive()`` once the socket has bytes. Like every call here, it tries the socket
+        before it waits: a busy peer's bytes are often there already, and then the call costs
+        one system call, not a reader registration and a timer."""
         with _map_errors(ReadTimeout):
             while True:
                 try:
-                    return self.sock.recv_into(view)
+                    return receive()
                 except BlockingIOError:
                     await self._readable(timeout)
 
