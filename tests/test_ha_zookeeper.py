@@ -89,7 +89,7 @@ def test_failover_serves_every_acknowledged_blob_through_the_new_leader(
 
     with _client(url) as client:
         blobs = {client.put(secrets.token_bytes(1000 + i)): None for i in range(90)}
-        contents = {key: client.get(key) for key in blobs}
+        contents = {key: bytes(client.get(key)) for key in blobs}
         job = new_job_id()
         named = {f"part-{i}": secrets.token_bytes(5000) for i in range(10)}
         for name, data in named.items():
