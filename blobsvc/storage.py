@@ -381,6 +381,10 @@ class BlobStorage:
             except FileNotFoundError:
                 raise NotFound(f"no blob with key {key.hex()} to link as {target.name!r}") from None
             replaced = self._link_job(key, target)
+            # Durable before the answer, as a PUT's names are (objects/ too: a PUT of this key
+            # in flight may not have flushed it yet).
+            parent = self.layout.job_blob(target.job, target.name).parent
+            self._in_parallel(_fsync_dir, [self.layout.objects, parent])
         if replaced is not None and replaced != key:
             self._collect(replaced)
         return size

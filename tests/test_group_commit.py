@@ -193,3 +193,16 @@ async def test_concurrent_puts_share_flushes_and_each_is_answered_after_its_flus
             for i, call in enumerate(disk.calls)
             if call == ("fsync", str(layout.objects))
         )
+
+
+def test_a_link_is_flushed_before_it_returns(storage: BlobStorage, disk: DiskCalls) -> None:
+    """LINK publishes a name without a PUT, so it flushes that name itself."""
+    (key,) = storage.publish_batch([staged(storage, b"linked")])
+    assert isinstance(key, bytes)
+    disk.calls.clear()
+    storage.link(key, JobBlob(JOB, "alias"))
+    disk.mark("returned")
+    name = storage.layout.job_blob(JOB, "alias")
+    returned = disk.index("mark", "returned")
+    assert disk.index("replace", name) < disk.last("fsync", name.parent) < returned
+    assert disk.last("fsync", storage.layout.objects) < returned
