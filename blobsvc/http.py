@@ -25,7 +25,6 @@ graceful shutdown.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -36,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, ClassVar, cast
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import h11
@@ -54,6 +53,7 @@ from ._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ._netio import SocketStream, body_deadline, header_deadline
 from ._observe import ABORTED, http_outcome, op_name
 from ._protocol import ContentKey, JobBlob, name_error
+from ._slots import Connection
 from .storage import BlobStorage, OpenBlob
 
 if TYPE_CHECKING:
@@ -354,55 +354,28 @@ class _BodySegment:
         return self.count
 
 
-class HttpConnection:
+class HttpConnection(Connection):
     """One HTTP/1.1 connection's loop: read a request, answer it, keep alive or close."""
 
+    log: ClassVar[logging.Logger] = log
+
     def __init__(self, server: BlobServer, stream: SocketStream) -> None:
+        super().__init__(server.slots, stream)  # HTTP and binary connections share max_connections
         self.server = server
         self.settings = server.settings
-        self.stream = stream
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
-        self.busy = False  # a request is in hand: shutdown lets it finish
-        self._loop = asyncio.get_running_loop()
-        # Since when it waits for its client; at the limit the longest-waiting connection,
-        # binary or HTTP, makes room for a newcomer (BlobServer._make_room).
-        self.waiting_since = self._loop.time()
         self._header_deadline: float | None = None  # when the request header being read must be whole
-        self._counted = True
-        server._live += 1  # HTTP and binary connections share max_connections
 
-    @property
-    def waiting(self) -> bool:
-        return not self.busy
-
-    async def run(self) -> None:
-        try:
-            await self._serve()
-        except TransportError as exc:
-            log.info("%s: %s", self.stream.peer, exc)
-        except RemoteProtocolError as exc:  # plain HTTP at a TLS port: h11 has not begun
+    async def _fail(self, exc: Exception) -> None:
+        if isinstance(exc, RemoteProtocolError):  # plain HTTP at a TLS port: h11 has not begun
             log.info("%s: %s", self.stream.peer, exc)
             with contextlib.suppress(TransportError):
                 await self.stream.send_all(_PLAIN_AT_TLS, self.settings.io_timeout)
                 await self.stream.linger_close()
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("%s: internal error", self.stream.peer)
-            with contextlib.suppress(TransportError, h11.LocalProtocolError):
-                await self._send_response(text_response(500, "internal server error"), head=False, close=True)
-        finally:
-            self.end()
-
-    def end(self) -> None:
-        """Close the socket and give up the slot; safe to call more than once."""
-        self._stop_counting()
-        self.stream.close()
-
-    def _stop_counting(self) -> None:
-        if self._counted:
-            self._counted = False
-            self.server._live -= 1
+            return
+        log.exception("%s: internal error", self.stream.peer, exc_info=exc)
+        with contextlib.suppress(TransportError, h11.LocalProtocolError):
+            await self._send_response(text_response(500, "internal server error"), head=False, close=True)
 
     async def _serve(self) -> None:
         first = True
@@ -420,15 +393,14 @@ class HttpConnection:
             self.busy = True
             request = HttpRequest.from_h11(event)
             self.server.requests[op_name(request)] += 1
-            if first and self.server._over_limit() and not self.server._make_room(self):
-                self.server.busy_refusals += 1
+            if first and not self.slots.admit(self):
                 limit = self.settings.max_connections
                 await self._refuse(text_response(503, f"the server is at its limit of {limit} connections"))
                 return
             first = False
             # A request body (a PUT, say) is never read: answer, then close instead of draining it.
             body_follows = not self._request_ended()
-            close = body_follows or self.server._closing
+            close = body_follows or self.slots.closing
             began = time.perf_counter()
             response = await self.server.http.respond(request)
             head = request.method == "HEAD"
@@ -444,9 +416,8 @@ class HttpConnection:
             finally:
                 for observe in self.server.observers:  # metrics, request logs
                     observe(request, outcome, sent, time.perf_counter() - began, self.stream)
-            self.busy = False
-            self.waiting_since = self._loop.time()
-            if close or self.server._closing or self.h11.our_state is not h11.DONE:
+            self._request_done()
+            if close or self.slots.closing or self.h11.our_state is not h11.DONE:
                 return
             self.h11.start_next_cycle()
 

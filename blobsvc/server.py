@@ -90,6 +90,7 @@ from ._protocol import (
     StatusOk,
     StatusRequest,
 )
+from ._slots import Connection, Slots
 from ._threads import wait_out
 from ._tls import TlsStream, server_context_for
 from .config import Settings
@@ -135,17 +136,13 @@ class BlobServer:
         self._listener: socket.socket | None = None
         self._http_listener: socket.socket | None = None
         self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
-        self._connections: dict[asyncio.Task[None], _Connection | HttpConnection] = {}
+        self.slots = Slots(self.settings.max_connections)
+        """The connections served, binary and HTTP, under ``max_connections``."""
         self.http = HttpFace(self.storage, self._secret, self.open_blob)
         """The HTTP face's routes (on when ``http_port`` is set); see :mod:`blobsvc.http`."""
-        # Connections that count against max_connections: every accepted one until it ends
-        # or starts its lingering close, so refused clients draining out cannot crowd out others.
-        self._live = 0
-        self._closing = False
         self.recovery: RecoveryReport | None = None
         self.requests: collections.Counter[str] = collections.Counter()
         """Requests served, by kind (``"GET"``, ``"PUT"``, …): for operators and tests."""
-        self.busy_refusals = 0
         self.observers: list[RequestObserver] = []
         """Called after each request (metrics, request logs); none costs nothing."""
         self.status_sources: list[Callable[[], Mapping[str, Any]]] = [self.ha.status]
@@ -234,7 +231,7 @@ class BlobServer:
         """Stop accepting, let busy connections finish their request within ``timeout``
         (``shutdown_timeout`` by default), cancel what is left."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
-        self._closing = True
+        self.slots.closing = True
         # Step down first: clients move on to the next leader while we finish.
         await self.ha.stop()
         for accepting in self._accepting:
@@ -244,26 +241,25 @@ class BlobServer:
         for listener in (self._listener, self._http_listener):
             if listener is not None:
                 listener.close()
-        for task, connection in list(self._connections.items()):
+        connections = self.slots.connections
+        for task, connection in list(connections.items()):
             if not connection.busy:
                 task.cancel()
-        if self._connections:
-            await asyncio.wait(list(self._connections), timeout=timeout)
-        for task in list(self._connections):
+        if connections:
+            await asyncio.wait(list(connections), timeout=timeout)
+        for task in list(connections):
             task.cancel()
-        if self._connections:
-            await asyncio.wait(list(self._connections))
+        if connections:
+            await asyncio.wait(list(connections))
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
 
     def abort_requests(self) -> None:
         """Cancel every connection now, busy or not (a second Ctrl-C during shutdown)."""
-        for task in self._connections:
+        for task in self.slots.connections:
             task.cancel()
 
-    async def _accept_loop(
-        self, listener: socket.socket, serve: Callable[[socket.socket], _Connection | HttpConnection]
-    ) -> None:
+    async def _accept_loop(self, listener: socket.socket, serve: Callable[[socket.socket], Connection]) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -272,10 +268,7 @@ class BlobServer:
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            connection = serve(sock)
-            task = asyncio.create_task(connection.run())
-            self._connections[task] = connection
-            task.add_done_callback(self._connection_ended)
+            self.slots.serve(serve(sock))
 
     def _stream_for(self, sock: socket.socket) -> SocketStream:
         """An accepted socket as a stream: TLS when the server has a certificate (its
@@ -284,37 +277,12 @@ class BlobServer:
             return SocketStream(sock)
         return TlsStream(sock, self._tls, server_side=True)
 
-    def _connection_ended(self, task: asyncio.Task[None]) -> None:
-        # Also for a task cancelled before it ran a step (at shutdown), whose own
-        # clean-up never ran.
-        self._connections.pop(task).end()
-
-    def _over_limit(self) -> bool:
-        return self._live > self.settings.max_connections
-
-    def _make_room(self, newcomer: _Connection | HttpConnection) -> bool:
-        """Close the connection that has waited longest for its client, if one is waiting
-        (idle, or sending a preamble or header); a request under way is never cut short."""
-        waiting = [
-            (connection.waiting_since, task)
-            for task, connection in self._connections.items()
-            if connection is not newcomer and connection.waiting and connection._counted
-        ]
-        if not waiting:
-            return False
-        _, task = min(waiting, key=lambda pair: pair[0])
-        victim = self._connections[task]
-        log.info("%s: closed to make room for %s", victim.stream.peer, newcomer.stream.peer)
-        victim._stop_counting()
-        task.cancel()
-        return True
-
     def status(self) -> dict[str, Any]:
         """The server's state for operators: the STATUS request's answer and the metrics'
         source. Cheap (a statvfs, a listing of incoming/), safe from any thread."""
         blobs, size = self.storage.usage()
         disk = shutil.disk_usage(self.storage.layout.root)
-        connections = list(self._connections.values())
+        connections = list(self.slots.connections.values())
         requests = dict(self.requests)
         report = self.recovery or RecoveryReport()
         status: dict[str, Any] = {
@@ -335,7 +303,7 @@ class BlobServer:
             "staging_files": len(os.listdir(self.storage.layout.incoming)),
             "requests": requests,
             "requests_total": sum(requests.values()),
-            "busy_refusals": self.busy_refusals,
+            "busy_refusals": self.slots.refused,
             "removed_at_start": {
                 "staging": report.removed_staging,
                 "corrupt": len(report.removed_corrupt),
@@ -395,55 +363,28 @@ def _bind(host: str, ports: range) -> socket.socket:
     raise OSError(f"no free port in {ports.start}-{ports.stop - 1} on {host}: {last_error}")
 
 
-class _Connection:
+class _Connection(Connection):
     """One client connection's read-act-answer loop."""
 
     def __init__(self, server: BlobServer, stream: SocketStream) -> None:
+        super().__init__(server.slots, stream)
         self.server = server
         self.settings = server.settings
         self.storage = server.storage
-        self.stream = stream
         self.parser = ServerConnection()
-        self.busy = False  # a request is in hand: shutdown lets it finish
         self.request: ServerEvent | None = None
         self.moved = 0  # body bytes the request in hand has moved, for its observers
         self.authenticated = False
-        self._loop = asyncio.get_running_loop()
-        # Since when the connection waits for its client (idle, or in a header); the oldest
-        # such connection makes room for a newcomer at the limit.
-        self.waiting_since = self._loop.time()
         # When the preamble or request header being received must be complete by.
         self._header_deadline: float | None = self.waiting_since + self.settings.io_timeout
-        self._counted = True
-        server._live += 1
 
-    async def run(self) -> None:
-        try:
-            await self._serve()
-        except ServerError as exc:
-            await self._refuse(exc.code, str(exc))
-        except RemoteProtocolError as exc:
+    async def _fail(self, exc: Exception) -> None:
+        if isinstance(exc, RemoteProtocolError):
             log.info("%s: bad request: %s", self.stream.peer, exc)
-            await self._refuse(exc.code, str(exc))
-        except TransportError as exc:
-            log.info("%s: %s", self.stream.peer, exc)
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("%s: internal error", self.stream.peer)
-            await self._refuse(InternalError.code, "internal server error")
-        finally:
-            self.end()
-
-    def end(self) -> None:
-        """Close the socket and give up the slot; safe to call more than once."""
-        self._stop_counting()
-        self.stream.close()
-
-    def _stop_counting(self) -> None:
-        if self._counted:
-            self._counted = False
-            self.server._live -= 1
+        elif not isinstance(exc, ServerError):
+            log.exception("%s: internal error", self.stream.peer, exc_info=exc)
+            exc = InternalError("internal server error")
+        await self._refuse(exc.code, str(exc))
 
     async def _refuse(self, code: int, message: str) -> None:
         """Send a closing error frame, then close gracefully."""
@@ -454,14 +395,13 @@ class _Connection:
 
     async def _serve(self) -> None:
         await self._next_event(self.settings.io_timeout)  # the preamble
-        if self.server._over_limit() and not self.server._make_room(self):
-            self.server.busy_refusals += 1
+        if not self.slots.admit(self):
             raise Busy(f"the server is at its limit of {self.settings.max_connections} connections")
         nonce = secrets.token_bytes(32) if self.server._secret is not None else None
         await self._send(ServerHello(nonce=nonce))
         self.authenticated = nonce is None
         observers = self.server.observers
-        while not self.server._closing:
+        while not self.slots.closing:
             event = await self._next_event(self.settings.idle_timeout)
             if isinstance(event, Signal):  # CLOSED: the client hung up between requests
                 return
@@ -490,13 +430,8 @@ class _Connection:
                     seconds = time.perf_counter() - began
                     for observe in observers:
                         observe(event, outcome, self.moved, seconds, self.stream)
-            self.busy, self.request = False, None
-            self.waiting_since = self._loop.time()
-
-    @property
-    def waiting(self) -> bool:
-        """Waiting for the client between requests or in a header, with nothing under way."""
-        return not self.busy
+            self.request = None
+            self._request_done()
 
     def _authenticate(self, event: ServerEvent, nonce: bytes | None) -> None:
         if not isinstance(event, AuthRequest):

@@ -489,7 +489,7 @@ def test_shutdown_lets_a_transfer_in_flight_finish(settings: Settings, tmp_path:
             hasher = blake3.blake3(response.read(1 << 20))
             server = face.thread.server
             stopping = asyncio.run_coroutine_threadsafe(server.shutdown(10.0), face.thread.loop)
-            while not server._closing:
+            while not server.slots.closing:
                 time.sleep(0.01)
             while chunk := response.read(1 << 20):
                 hasher.update(chunk)

@@ -206,7 +206,7 @@ async def wait_for_staging(data_dir: Path, *, size: int = 0) -> None:
 async def wait_for_busy(server: BlobServer, count: int) -> None:
     """Wait until ``count`` connections have a request under way."""
     for _ in range(1000):
-        if sum(connection.busy for connection in server._connections.values()) >= count:
+        if sum(connection.busy for connection in server.slots.connections.values()) >= count:
             return
         await asyncio.sleep(0.005)
     raise AssertionError(f"fewer than {count} requests under way")
@@ -576,7 +576,7 @@ async def test_refused_connections_draining_out_do_not_hold_a_slot(start_server:
         # must not count against the limit once the one served connection is gone.
         first.close()
         for _ in range(50):
-            if server._live == 1:
+            if server.slots.live == 1:
                 break
             await asyncio.sleep(0.01)
         newcomer = await Raw.connect(server.address)
