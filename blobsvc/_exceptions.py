@@ -4,6 +4,7 @@
     ├── ProtocolError                 a frame broke the wire contract
     │   ├── LocalProtocolError        ... and it was ours (a bug or a bad argument)
     │   │   └── InvalidArgument       a malformed key, job id, name or address (also a ValueError)
+    │   │       └── InvalidArgumentType   an argument of a kind that does not fit there (also a TypeError)
     │   └── RemoteProtocolError       ... and it was the peer's
     ├── TransportError                the connection itself failed
     │   ├── ConnectError              could not connect (refused, unreachable, DNS)
@@ -54,6 +55,7 @@ __all__ = [
     "InsufficientStorage",
     "InternalError",
     "InvalidArgument",
+    "InvalidArgumentType",
     "LocalProtocolError",
     "NotFound",
     "NotLeader",
@@ -86,6 +88,11 @@ class LocalProtocolError(ProtocolError):
 class InvalidArgument(LocalProtocolError, ValueError):
     """An argument blobsvc cannot use: a malformed key, job id, blob name or server address,
     or arguments that do not go together. A ``ValueError`` too, as Python code expects."""
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """An argument of a kind blobsvc cannot take where it was given (a job id where a
+    content key belongs). A ``TypeError`` too."""
 
 
 class ClientClosed(BlobError, RuntimeError):

@@ -43,6 +43,7 @@ import h11
 from ._exceptions import (
     DigestMismatch,
     InternalError,
+    InvalidArgument,
     NotFound,
     NotLeader,
     RemoteProtocolError,
@@ -104,10 +105,10 @@ def blob_path(*, key: KeyLike | None = None, job: JobLike | None = None, name: s
     elif key is None and job is not None and name is not None:
         path = f"/jobs/{job_bytes(job).hex()}"
     else:
-        raise ValueError("name the blob with key= (and optionally name=), or with job= and name=")
+        raise InvalidArgument("name the blob with key= (and optionally name=), or with job= and name=")
     problem = name_error(name.encode("utf-8", "surrogatepass"))
     if problem:
-        raise ValueError(problem)
+        raise InvalidArgument(problem)
     return path + "/" + "/".join(_quote_part(part) for part in name.split("/"))
 
 

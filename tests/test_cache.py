@@ -19,7 +19,7 @@ from typing import Any
 import blake3
 import pytest
 
-from blobsvc import BlobClient, LocalProtocolError, new_job_id
+from blobsvc import BlobClient, InvalidArgumentType, LocalProtocolError, new_job_id
 from blobsvc.cache import BlobCache, CacheFull, TooLargeForCache
 
 from .conftest import ServerThread
@@ -342,6 +342,7 @@ def test_bad_keys_and_names_fail_before_any_request(open_cache: OpenCache, serve
         cache.path(new_job_id(), "")
     with pytest.raises(LocalProtocolError, match="NUL"):
         cache.path(new_job_id(), "a\0b")
-    with pytest.raises(TypeError, match="name the job's blob"):
+    with pytest.raises(InvalidArgumentType, match="name the job's blob") as caught:
         cache.path(uuid.uuid4())
+    assert isinstance(caught.value, TypeError)
     assert sum(server_thread.server.requests.values()) == 0

@@ -23,7 +23,7 @@ import blake3
 import pytest
 from click.testing import CliRunner
 
-from blobsvc import BlobClient, Settings, new_job_id
+from blobsvc import BlobClient, InvalidArgument, Settings, new_job_id
 from blobsvc.cli import main
 from blobsvc.http import blob_path, blob_url, parse_range, url_signature
 
@@ -124,7 +124,7 @@ def test_job_blob_paths_keep_slashes_and_encode_the_rest() -> None:
     ],
 )
 def test_blob_urls_need_a_key_or_a_job_and_a_valid_name(blob: dict[str, str]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument):
         blob_url("http://h:1", key=blob.get("key"), job=blob.get("job"), name=blob.get("name"))
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from blobsvc import InvalidArgument
 from blobsvc.spark import UnsafeArchive
 from blobsvc.spark._archives import archive_kind, prune, remove_unpacked, unpack
 
@@ -113,7 +114,7 @@ def test_a_corrupt_archive_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -
 
 def test_unknown_suffixes_are_refused_by_name() -> None:
     assert archive_kind("x.TGZ") == "tar" and archive_kind("x.zip") == "zip"
-    with pytest.raises(ValueError, match=r"\.tar\.gz"):
+    with pytest.raises(InvalidArgument, match=r"\.tar\.gz"):
         archive_kind("x.rar")
 
 

@@ -16,7 +16,7 @@ import trustme
 from pyspark import SparkConf
 
 from blobsvc import BlobClient, InvalidArgument, Settings
-from blobsvc.spark import Shipped, publish
+from blobsvc.spark import NotOwner, Shipped, UnknownArtifact, publish
 
 from .conftest import ServerThread
 
@@ -47,8 +47,11 @@ def test_publish_uploads_under_basenames_and_aliases_and_release_deletes_the_job
         with BlobClient(server_thread.address) as client:
             assert sorted(info.name or "" for info in client.list(shipped.job)) == ["env", "model.bin"]
         assert shipped.path("model.bin").read_bytes() == b"weights"
-        with pytest.raises(KeyError, match=r"'nope' was not published .*\(published: env, model.bin\)"):
+        with pytest.raises(
+            UnknownArtifact, match=r"^'nope' was not published .*\(published: env, model.bin\)"
+        ) as caught:
             shipped.path("nope")
+        assert isinstance(caught.value, KeyError)  # what code written against a dict catches
     with BlobClient(server_thread.address) as client:
         assert client.list(shipped.job) == []
     shipped.release()  # idempotent
@@ -77,7 +80,7 @@ def test_publish_refuses_bad_input_before_uploading_anything(
     Path("other").mkdir()
     Path("other/model.bin").write_bytes(b"m2")
     Path("udf.jar").write_bytes(b"PK")
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(InvalidArgument, match=words):
         publish(Conf(**{"spark.blobsvc.server": server_thread.address}), **kwargs)  # type: ignore[arg-type]
     assert server_thread.server.requests["PUT"] == server_thread.server.requests["LINK"] == 0
 
@@ -96,8 +99,9 @@ def test_the_handle_pickles_small_without_the_secret_and_only_the_driver_release
         assert len(wire) < 1024 and b"s3cret" not in wire and str(tmp_path / "secret").encode() in wire
         copy = pickle.loads(wire)
         assert isinstance(copy, Shipped) and copy.job == shipped.job
-        with pytest.raises(RuntimeError, match="only the driver"):
+        with pytest.raises(NotOwner, match="only the driver") as caught:
             copy.release()
+        assert isinstance(caught.value, RuntimeError)
     with pytest.raises(InvalidArgument, match="cannot read secret file"):  # named but missing: before any upload
         publish(
             Conf(**{"spark.blobsvc.server": server, "spark.blobsvc.secretFile": str(tmp_path / "nope")}),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from .._exceptions import BadOffset, BlobError, DigestMismatch, InvalidArgument
+from .._exceptions import BadOffset, BlobError, DigestMismatch, InvalidArgument, InvalidArgumentType
 from .._ids import JobLike, KeyLike, job_bytes, key_bytes
 from .._protocol import name_error
 from ..client import BlobClient
@@ -113,7 +113,7 @@ class BlobCache:
         """
         if name is None:
             if isinstance(key_or_job, uuid.UUID):
-                raise TypeError("a UUID is a job id: name the job's blob too")
+                raise InvalidArgumentType("a UUID is a job id: name the job's blob too")
             return self._content_path(key_bytes(key_or_job).hex())
         return self._job_path(job_bytes(key_or_job), name)
 

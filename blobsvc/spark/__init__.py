@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - the test extra installs pyspark
     raise ImportError("blobsvc.spark needs PySpark: pip install blobsvc[spark]") from exc
 
 from ._archives import UnsafeArchive
-from ._handle import Shipped
+from ._handle import NotOwner, Shipped, UnknownArtifact
 from ._publish import CONF_KEYS, HTTP_URL_KEY, publish
 
-__all__ = ["CONF_KEYS", "HTTP_URL_KEY", "Shipped", "UnsafeArchive", "publish"]
+__all__ = ["CONF_KEYS", "HTTP_URL_KEY", "NotOwner", "Shipped", "UnknownArtifact", "UnsafeArchive", "publish"]

@@ -29,7 +29,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .._exceptions import BlobError
+from .._exceptions import BlobError, InvalidArgument
 from ..cache._lock import FileLock
 
 __all__ = ["ARCHIVE_SUFFIXES", "UnsafeArchive", "archive_kind", "prune", "remove_unpacked", "unpack"]
@@ -43,13 +43,13 @@ class UnsafeArchive(BlobError):
 
 
 def archive_kind(filename: str) -> str:
-    """``"zip"`` or ``"tar"`` by the file name's suffix; ValueError for anything else."""
+    """``"zip"`` or ``"tar"`` by the file name's suffix; InvalidArgument for anything else."""
     lower = filename.lower()
     if lower.endswith(".zip"):
         return "zip"
     if lower.endswith((".tar", ".tar.gz", ".tgz")):
         return "tar"
-    raise ValueError(f"{filename!r} is not an archive blobsvc unpacks ({', '.join(ARCHIVE_SUFFIXES)})")
+    raise InvalidArgument(f"{filename!r} is not an archive blobsvc unpacks ({', '.join(ARCHIVE_SUFFIXES)})")
 
 
 def _inside(member: str, what: str) -> str:

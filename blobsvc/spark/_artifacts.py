@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._exceptions import InvalidArgument
 from ._archives import archive_kind
 
 __all__ = ["Artifact", "Kind", "PY_SUFFIXES", "Source", "parse_source"]
@@ -42,20 +43,20 @@ class Artifact:
 
 
 def parse_source(spec: str | os.PathLike[str], kind: Kind) -> Source:
-    """``"path"`` or ``"path#alias"`` (Spark's syntax) as a Source, checked; ValueError when
+    """``"path"`` or ``"path#alias"`` (Spark's syntax) as a Source, checked; InvalidArgument when
     the file is missing or of a kind that cannot be shipped as asked."""
     text = os.fspath(spec)
     path_text, _, alias = text.partition("#")
     path = Path(path_text).expanduser()
     if not path.is_file():
-        raise ValueError(f"cannot publish {text!r}: no such file")
+        raise InvalidArgument(f"cannot publish {text!r}: no such file")
     if kind is Kind.ARCHIVE:
         archive_kind(path.name)
     elif kind is Kind.PY and not path.name.lower().endswith(PY_SUFFIXES):
-        raise ValueError(f"py_files take {', '.join(PY_SUFFIXES)}, not {path.name!r}")
+        raise InvalidArgument(f"py_files take {', '.join(PY_SUFFIXES)}, not {path.name!r}")
     elif kind is Kind.JAR and not path.name.lower().endswith(".jar"):
-        raise ValueError(f"jars must end in .jar: {path.name!r}")
+        raise InvalidArgument(f"jars must end in .jar: {path.name!r}")
     name = alias or path.name
     if "/" in name or name in (".", ".."):
-        raise ValueError(f"{name!r} is not a plain file name")
+        raise InvalidArgument(f"{name!r} is not a plain file name")
     return Source(path, name, kind)

@@ -5,12 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .._exceptions import BlobError
+from .._exceptions import BlobError, InvalidArgument
 from ..client import BlobClient
 from ._artifacts import Artifact, Kind
 from ._local import CacheOptions, add_py_files, current_task, release_driver, resolve
 
-__all__ = ["Shipped"]
+__all__ = ["NotOwner", "Shipped", "UnknownArtifact"]
+
+
+class UnknownArtifact(InvalidArgument, KeyError):
+    """``shipped.path(name)`` for a name the publication does not hold. A ``KeyError`` too."""
+
+    __str__ = BaseException.__str__  # KeyError's would quote the whole message
+
+
+class NotOwner(BlobError, RuntimeError):
+    """A job released through a handle other than the driver's that published it. A
+    ``RuntimeError`` too."""
 
 
 class Shipped:
@@ -51,13 +62,13 @@ class Shipped:
             artifact = self.artifacts[name]
         except KeyError:
             known = ", ".join(sorted(self.artifacts)) or "none"
-            raise KeyError(f"{name!r} was not published in job {self.job} (published: {known})") from None
+            raise UnknownArtifact(f"{name!r} was not published in job {self.job} (published: {known})") from None
         return resolve(self.options, self.job, artifact)
 
     def release(self) -> None:
         """Delete the job on the server; tasks can no longer fetch its artifacts. Idempotent."""
         if self._owner is None:
-            raise RuntimeError("only the driver that published a job can release it")
+            raise NotOwner("only the driver that published a job can release it")
         if self.released:
             return
         self.released = True

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .._exceptions import InvalidArgument
 from .._ids import new_job_id
 from .._tls import client_context_for
 from ..client import BlobClient
@@ -71,11 +72,11 @@ def publish(
     seen: set[str] = set()
     for source in sources:
         if source.name in seen:
-            raise ValueError(f"two artifacts are named {source.name!r}: give one an #alias")
+            raise InvalidArgument(f"two artifacts are named {source.name!r}: give one an #alias")
         seen.add(source.name)
     http_url = conf.get(HTTP_URL_KEY) or settings.http_url
     if http_url is None and any(source.kind is Kind.JAR for source in sources):
-        raise ValueError(
+        raise InvalidArgument(
             f"jars reach the executor JVMs over the server's HTTP face: set {HTTP_URL_KEY} "
             f"(http://host:port) or {CONF_KEYS['http_port']}"
         )
