@@ -65,6 +65,23 @@ def client_options(command: _F) -> _F:
     return config_option(command)
 
 
+def blob_options(
+    *,
+    key: bool = True,
+    job_help: str = "Job id of a job-scoped blob.",
+    name_help: str = "Name of the blob within --job.",
+) -> Callable[[_F], _F]:
+    """The blob a command is about: an optional KEY argument (unless ``key`` is false), then
+    --job and --name with each command's own help."""
+
+    def decorate(command: _F) -> _F:
+        command = click.option("--name", "-n", help=name_help)(command)
+        command = click.option("--job", "-j", help=job_help)(command)
+        return click.argument("key", required=False)(command) if key else command
+
+    return decorate
+
+
 def _run(coroutine: Coroutine[Any, Any, _T]) -> _T:
     """Run a coroutine on uvloop when it is installed; errors end in one line: exit 2 for a
     bad argument, 1 for anything else."""
@@ -238,8 +255,9 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
 
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, exists=True))
-@click.option("--job", "-j", help="Store under this job id (needs --name).")
-@click.option("--name", "-n", help="Store under this name within --job.")
+@blob_options(
+    key=False, job_help="Store under this job id (needs --name).", name_help="Store under this name within --job."
+)
 @client_options
 @_client_command
 async def put(client: AsyncBlobClient, file: str, job: str | None, name: str | None) -> None:
@@ -258,9 +276,7 @@ async def put(client: AsyncBlobClient, file: str, job: str | None, name: str | N
 
 
 @main.command()
-@click.argument("key", required=False)
-@click.option("--job", "-j", help="Job id of a job-scoped blob.")
-@click.option("--name", "-n", help="Name of the blob within --job.")
+@blob_options()
 @click.option(
     "--output",
     "-o",
@@ -290,9 +306,7 @@ async def get(client: AsyncBlobClient, key: str | None, job: str | None, name: s
 
 
 @main.command()
-@click.argument("key", required=False)
-@click.option("--job", "-j", help="Job id; without --name every blob of the job is deleted.")
-@click.option("--name", "-n", help="Name of the blob within --job.")
+@blob_options(job_help="Job id; without --name every blob of the job is deleted.")
 @client_options
 @_client_command
 async def delete(client: AsyncBlobClient, key: str | None, job: str | None, name: str | None) -> None:
@@ -305,9 +319,7 @@ async def delete(client: AsyncBlobClient, key: str | None, job: str | None, name
 
 
 @main.command()
-@click.argument("key", required=False)
-@click.option("--job", "-j", help="Job id of a job-scoped blob.")
-@click.option("--name", "-n", help="Name of the blob within --job.")
+@blob_options()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @client_options
 @_client_command
@@ -360,9 +372,7 @@ def _print_infos(infos: list[BlobInfo], as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("key", required=False)
-@click.option("--job", "-j", help="Job id of a job-scoped blob.")
-@click.option("--name", "-n", help="Name of the blob within --job (with KEY: the file name the URL ends with).")
+@blob_options(name_help="Name of the blob within --job (with KEY: the file name the URL ends with).")
 @click.option(
     "--http-url",
     help="Base URL of the server's HTTP face, e.g. http://blobs.example.org:6180 "
