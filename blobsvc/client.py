@@ -23,7 +23,6 @@ import hmac
 import io
 import os
 import random
-import shutil
 import ssl
 import tempfile
 import threading
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
+import aiofiles.threadpool
 import blake3
 
 from ._exceptions import (
@@ -1007,7 +1007,7 @@ class _SourceOpener:
     async def __call__(self) -> AsyncIterator[tuple[int, _Body]]:
         if self._unseekable:
             assert self.stream is not None
-            self.stream = self._spool = await asyncio.to_thread(_spool, self.stream)
+            self.stream = self._spool = await _spool(self.stream)
             self._unseekable = False
         source, stream = self.source, self.stream
         if stream is not None:
@@ -1030,12 +1030,19 @@ class _SourceOpener:
             yield len(view), _WholeBody(len(view), view=view)
 
 
-def _spool(stream: IO[bytes]) -> IO[bytes]:
+async def _spool(stream: IO[bytes]) -> IO[bytes]:
     """A copy of what ``stream`` still holds, in an anonymous temporary file (in $TMPDIR)
-    that vanishes when it is closed or the process ends."""
+    that vanishes when it is closed or the process ends.
+
+    The copy is an ordinary async loop, each read and write off the event loop, so that a
+    cancelled upload (Ctrl-C on ``blobsvc put -`` fed by a pipe that never ends) stops after
+    the chunk in hand, without closing a file under a thread that is still writing to it."""
     spool = tempfile.TemporaryFile()  # noqa: SIM115 (the caller closes it)
+    writer = aiofiles.threadpool.wrap(spool)
     try:
-        shutil.copyfileobj(stream, spool, CHUNK)
+        while chunk := await asyncio.to_thread(stream.read, CHUNK):
+            await writer.write(chunk)
+        await writer.flush()
     except BaseException:
         spool.close()
         raise

@@ -3,6 +3,7 @@ to a stream as bytes arrive and refuses to start over on one."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import threading
@@ -62,3 +63,30 @@ async def test_get_into_cannot_start_over_when_the_blob_changes_mid_read(server:
     ):
         with pytest.raises(DigestMismatch, match="cannot start over"):
             await client.get_into(io.BytesIO(), job=job, name="n")
+
+
+async def test_a_cancelled_put_from_a_pipe_stops_reading_it(server: BlobServer) -> None:
+    """A pipe that never ends is spooled chunk by chunk: once the PUT is cancelled, at most the
+    chunk being read is taken, and then nobody drains the pipe any more (its writer finds it
+    full) instead of copying it into $TMPDIR until it ends."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    os.write(write_end, b"x" * 4096)
+    async with AsyncBlobClient(server.address, retries=0) as client:
+        with os.fdopen(read_end, "rb") as pipe:
+            put = asyncio.ensure_future(client.put(pipe))
+            await asyncio.sleep(0.2)
+            put.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await put
+            offered, written = 16 << 20, 0
+            for _ in range(200):  # up to 2 s of offering bytes to whoever reads the pipe
+                try:
+                    written += os.write(write_end, b"y" * 65536)
+                except BlockingIOError:
+                    await asyncio.sleep(0.01)
+                if written >= offered:
+                    break
+            os.close(write_end)  # the read in hand ends; the spool is gone with the PUT
+    # One chunk in hand (1 MiB) plus the pipe's buffer, not the 16 MiB a drain would take.
+    assert written < 4 << 20
