@@ -2,7 +2,7 @@
 
 A server holds one :class:`Slots`, which runs each accepted :class:`Connection` on its own
 task and counts it against the limit from its accept until it ends, or until it gives up its
-slot early with :meth:`Connection._stop_counting` (a binary refusal does before its lingering
+slot early with :meth:`Connection._stop_counting` (every refusal, binary or HTTP, does before its lingering
 close, so refused clients draining out cannot crowd out others). A newcomer over the limit is
 admitted only if :meth:`Slots.admit` makes room by closing the connection that has waited
 longest for its client, binary or HTTP; a request under way is never cut short. ``closing``

@@ -443,7 +443,9 @@ class HttpConnection(Connection):
                 self.h11.receive_data(await self.stream.recv(RECV_SIZE, timeout))
 
     async def _refuse(self, response: HttpResponse) -> None:
-        """Answer and close gracefully, so that a client still sending reads our answer."""
+        """Answer and close gracefully, so that a client still sending reads our answer. The
+        slot is given up first: a client draining out must not crowd out others."""
+        self._stop_counting()
         with contextlib.suppress(TransportError, h11.LocalProtocolError):
             await self._send_response(response, head=False, close=True)
             await self.stream.linger_close()

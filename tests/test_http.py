@@ -325,6 +325,27 @@ def test_connections_over_the_shared_limit_get_503(settings: Settings) -> None:
             held.close()
 
 
+def test_a_refused_connection_draining_out_does_not_hold_a_slot(settings: Settings) -> None:
+    """The server lingers on a 503'd connection whose client keeps it open; once the transfer
+    that filled the one slot is gone, a newcomer is served, not refused again."""
+    for face in _start(replace(settings, max_connections=1), None):
+        key = face.client.put(bytes(32 << 20))
+        held = face.connection()
+        with socket.create_connection(("127.0.0.1", face.port), timeout=10) as refused:
+            try:
+                held.request("GET", f"/blobs/{key}")
+                assert held.getresponse().status == 200  # its body, unread, keeps the server sending
+                refused.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert refused.recv(1 << 16).startswith(b"HTTP/1.1 503")
+            finally:
+                held.close()
+            for _ in range(100):  # until only the refused connection, lingering for 1 s, is left
+                if len(face.thread.server.slots.connections) <= 1:
+                    break
+                time.sleep(0.01)
+            assert fetch(face.base + "/")[0] == 404  # served: the refused one holds no slot
+
+
 def test_shutdown_closes_the_http_listener(settings: Settings) -> None:
     for face in _start(settings, None):
         port = face.port
