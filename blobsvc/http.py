@@ -134,6 +134,8 @@ def blob_url(
     ``http://host:port/jobs/<job>/lib/udfs.jar?expires=…&signature=…``; ``key=`` names content
     (``name=`` then only sets the file name the URL ends with). Pass the server's shared secret
     (``Settings.secret()``) when it requires auth; without one the URL carries no signature.
+    Surrounding whitespace is dropped, as the server drops it when it reads its secret file, so
+    the contents of that file (trailing newline and all) sign as the server checks.
     """
     path = blob_path(key=key, job=job, name=name)
     url = base_url.rstrip("/") + path
@@ -141,6 +143,7 @@ def blob_url(
         return url
     if isinstance(secret, str):
         secret = secret.encode()
+    secret = secret.strip()
     expires = int(time.time() + expires_in)
     return f"{url}?expires={expires}&signature={url_signature(secret, path, expires)}"
 

@@ -387,6 +387,13 @@ def test_unsigned_tampered_and_expired_urls_are_refused(signed_face: Http) -> No
     assert "expired" in _forbidden(expired)
 
 
+def test_a_secret_file_read_as_is_signs_as_the_server_reads_it(signed_face: Http) -> None:
+    job = new_job_id()
+    signed_face.client.put(b"a", job=job, name="a.jar")
+    for secret in (SECRET + b"\n", SECRET.decode() + "\n", b" " + SECRET + b"\r\n"):
+        assert fetch(blob_url(signed_face.base, job=job, name="a.jar", secret=secret))[::2] == (200, b"a")
+
+
 def test_a_signature_covers_the_blob_not_the_spelling_of_its_url(signed_face: Http) -> None:
     job = new_job_id()
     signed_face.client.put(b"a", job=job, name="lib/a.jar")
