@@ -9,6 +9,9 @@ from __future__ import annotations
 import contextlib
 import io
 import secrets
+import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -314,6 +317,23 @@ def test_zookeeper_mode_without_the_ha_extra_names_it(monkeypatch: pytest.Monkey
     assert result.exit_code == 1
     assert "pip install blobsvc[ha]" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_unreachable_zookeeper_is_one_line_from_a_client_command(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp_path / "a").write_bytes(b"a")
+    command = [sys.executable, "-m", "blobsvc", "put", str(tmp_path / "a"), "-s", f"zk://127.0.0.1:{port}/prod"]
+    done = subprocess.run(
+        [*command, "--connect-timeout", "2", "--retries", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("Error: cannot reach ZooKeeper at 127.0.0.1:")
+    assert done.stderr.count("\n") == 1, done.stderr
 
 
 def test_zookeeper_mode_without_an_ensemble_is_a_usage_error(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ after a fork (Spark forks its Python workers).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import threading
@@ -28,6 +29,11 @@ from .._exceptions import ConnectError
 __all__ = ["LeaderResolver", "ZkPaths", "connect_zookeeper", "is_zk_url", "parse_zk_url", "require_kazoo"]
 
 ZK_SCHEME = "zk://"
+
+# kazoo logs each failed connection attempt at WARNING. A server configures logging and keeps
+# those lines; in a process that configures none (the CLI's client commands, a user's script)
+# Python's last-resort handler would print them to stderr around blobsvc's own one-line error.
+logging.getLogger("kazoo").addHandler(logging.NullHandler())
 _CLUSTER_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _HOSTS = re.compile(r"[A-Za-z0-9_.\[\]:-]+(,[A-Za-z0-9_.\[\]:-]+)*")
 INSTALL_HINT = "pip install blobsvc[ha]"
