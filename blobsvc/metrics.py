@@ -182,7 +182,10 @@ class ServerMetrics:
         """Answer scrapes on ``host:port`` (0: any free port) from a daemon thread."""
         from prometheus_client import start_http_server
 
-        self._httpd, _ = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            self._httpd, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
 
     @property
     def address(self) -> tuple[str, int] | None:

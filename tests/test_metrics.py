@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -219,6 +220,19 @@ async def test_a_metrics_port_and_the_http_face_serve_the_same_metrics(metered: 
         assert status["metrics_address"] == address_text(server.metrics.address)
     for samples in (on_port, on_face):
         assert value(samples, "blobsvc_requests_total", op="PUT", outcome="ok") == 1
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["serve", "--port", "0", "--data-dir", str(tmp_path / "d"), "--metrics-port", str(port)]
+        result = subprocess.run(
+            [sys.executable, "-m", "blobsvc", *args], capture_output=True, text=True, timeout=60, check=False
+        )
+    assert result.returncode == 1
+    assert result.stderr == f"Error: cannot serve metrics on 127.0.0.1:{port}: Address already in use\n"
 
 
 def test_metrics_http_without_the_http_face_is_a_usage_error(tmp_path: Path) -> None:
