@@ -289,7 +289,7 @@ class BlobServer:
             "version": _version(),
             "address": _bound_to(self._listener),
             "http_address": _bound_to(self._http_listener),
-            "metrics_address": "{}:{}".format(*self.metrics.address) if self.metrics and self.metrics.address else None,
+            "metrics_address": self._metrics_address(),
             "started": self._started,
             "uptime_seconds": round(time.monotonic() - self._started_clock, 3),
             "role": "standalone",
@@ -314,6 +314,14 @@ class BlobServer:
         for source in self.status_sources:
             status.update(source())
         return status
+
+    def _metrics_address(self) -> str | None:
+        """Where ``/metrics`` is scraped: the metrics port, or the HTTP face when there is none."""
+        if self.metrics is None:
+            return None
+        if self.metrics.address is not None:
+            return "{}:{}".format(*self.metrics.address)
+        return _bound_to(self._http_listener)
 
 
 def _bound_to(listener: socket.socket | None) -> str | None:

@@ -222,6 +222,17 @@ async def test_a_metrics_port_and_the_http_face_serve_the_same_metrics(metered: 
         assert value(samples, "blobsvc_requests_total", op="PUT", outcome="ok") == 1
 
 
+async def test_status_names_the_http_face_as_the_metrics_address_when_it_serves_them_alone(
+    metered: Settings,
+) -> None:
+    async with BlobServer(replace(metered, http_port="0", metrics_port="http")) as server:
+        assert server.http_address is not None
+        http_address = address_text(server.http_address)
+        async with AsyncBlobClient(server.address) as client:
+            status = await client.status()
+    assert status["metrics_address"] == status["http_address"] == http_address
+
+
 def test_a_metrics_port_in_use_is_one_line_naming_it(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
