@@ -1,5 +1,6 @@
 """The bytes of recently read small blobs, so that a GET of a hot small blob costs no
-``open``, ``fstat``, ``pread`` or ``close``: a dictionary lookup and one send.
+``open``, ``fstat``, ``pread`` or ``close``: a dictionary lookup and one send of the whole
+answer, its GetOk header and body encoded once when the entry is made (:meth:`HotBlob.reply`).
 
 What keeps it from serving what is gone or replaced:
 
@@ -20,9 +21,9 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ._protocol import ContentKey, JobBlob
+from ._protocol import ContentKey, GetOk, JobBlob, encode_reply
 
 __all__ = ["HotBlob", "HotBlobs"]
 
@@ -34,9 +35,21 @@ DEFAULT_MAX_BYTES = 32 << 20
 class HotBlob:
     size: int
     digest: bytes
-    body: bytes
+    body: bytes | memoryview  # a view into ``_reply`` once made: the bytes are kept once
     path: str | None = None  # job-scoped names: checked against ``inode`` before use
     inode: int = 0
+    _reply: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        reply = encode_reply(GetOk(self.size, self.digest)) + self.body
+        object.__setattr__(self, "_reply", reply)
+        object.__setattr__(self, "body", memoryview(reply)[len(reply) - len(self.body) :])
+
+    def reply(self, offset: int) -> bytes:
+        """The whole answer to a GET from ``offset`` (at most ``size``): header and body."""
+        if offset == 0:
+            return self._reply
+        return self._reply[: len(self._reply) - len(self.body)] + self.body[offset:]
 
 
 class HotBlobs:

@@ -22,7 +22,7 @@ from ._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTim
 
 _T = TypeVar("_T")
 
-__all__ = ["MIN_BODY_RATE", "SocketStream", "body_deadline", "connect", "header_deadline"]
+__all__ = ["MIN_BODY_RATE", "SocketStream", "body_deadline", "connect", "connection_closed", "header_deadline"]
 
 # How long a closing side keeps draining what the peer still sends, so that the peer reads
 # our error frame instead of a reset (see "Closing after an error" in docs/protocol.md).
@@ -62,10 +62,15 @@ def _map_errors(timeout_error: type[Exception]) -> Iterator[None]:
         yield
     except TimeoutError:
         raise timeout_error("timed out") from None
-    except (ConnectionError, BrokenPipeError) as exc:
-        raise ConnectionClosed(f"connection lost: {exc.strerror or exc}") from None
     except OSError as exc:
-        raise ConnectionClosed(f"connection failed: {exc.strerror or exc}") from None
+        raise connection_closed(exc) from None
+
+
+def connection_closed(exc: OSError) -> ConnectionClosed:
+    """What a failed socket call (other than a timeout) means to blobsvc."""
+    if isinstance(exc, ConnectionError | BrokenPipeError):
+        return ConnectionClosed(f"connection lost: {exc.strerror or exc}")
+    return ConnectionClosed(f"connection failed: {exc.strerror or exc}")
 
 
 class SocketStream:
