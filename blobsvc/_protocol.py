@@ -633,6 +633,15 @@ class _ServerState(enum.Enum):
     TRAILER = "TRAILER"
 
 
+# A GET by content key is the same bytes every time a blob is asked for, and frames are
+# immutable: the parsed frame is kept by its bytes, so a repeated GET costs a lookup, not a
+# parse. Bounded (emptied when full); shared by every connection, safe from any thread.
+_GET_BY_KEY = bytes([Op.GET, Addressing.CONTENT])
+_GET_BY_KEY_SIZE = len(_GET_BY_KEY) + KEY_SIZE + _U64.size
+_MAX_PARSED_GETS = 4096
+_parsed_gets: dict[bytes, GetRequest] = {}
+
+
 class ServerConnection(_Receiver):
     """The server's side of one connection: parses the client's frames.
 
@@ -690,10 +699,26 @@ class ServerConnection(_Receiver):
             del self._buf[:KEY_SIZE]
             self.state = _ServerState.IDLE
             return PutTrailer(digest)
+        buf = self._buf
+        if not buf:
+            return NEED_DATA  # between requests, the common case: no parse attempt
+        if buf.startswith(_GET_BY_KEY) and len(buf) >= _GET_BY_KEY_SIZE:
+            return self._get_by_key(bytes(buf[:_GET_BY_KEY_SIZE]))
         frame = self._try(_read_request)
         if isinstance(frame, PutRequest):
             self.state = _ServerState.BODY
             self._body_left = frame.length
+        return frame
+
+    def _get_by_key(self, raw: bytes) -> GetRequest:
+        frame = _parsed_gets.get(raw)
+        if frame is None:
+            frame = _read_request(_Cursor(bytearray(raw)))
+            assert isinstance(frame, GetRequest)
+            if len(_parsed_gets) >= _MAX_PARSED_GETS:
+                _parsed_gets.clear()
+            _parsed_gets[raw] = frame
+        del self._buf[:_GET_BY_KEY_SIZE]
         return frame
 
     def send(self, frame: ServerHello | Reply) -> bytes:
