@@ -195,6 +195,7 @@ def test_a_leader_whose_session_expires_refuses_puts_before_another_is_elected(
         standby = servers[0]
         with _client(leader.address, retries=0) as direct:
             direct.put(b"before the expiry")
+            assert direct.get(blake3_hex(b"before the expiry")) == b"before the expiry"  # now in memory
             _expire_session(zookeeper, leader)
             # No other server can have been elected yet unless our session is gone, and with
             # it our ability to confirm the epoch: either way this PUT is refused.
@@ -213,6 +214,8 @@ def test_a_leader_whose_session_expires_refuses_puts_before_another_is_elected(
             return False
 
         _wait(names_standby, "the old leader, back with a new session, names the new one")
+        with _client(leader.address, retries=0) as direct, pytest.raises(NotLeader, match=standby.address):
+            direct.get(blake3_hex(b"before the expiry"))  # a standby serves nothing, not even from memory
         assert leader.server._http_listener is not None
         http_port = leader.server._http_listener.getsockname()[1]
         key = blake3_hex(b"before the expiry")

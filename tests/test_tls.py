@@ -81,6 +81,7 @@ async def test_put_and_get_over_tls_round_trip_small_and_large_blobs(tls_server:
         small_key = await client.put(b"hello")
         large_key = await client.put(large, job=job, name="big.bin")
         assert await client.get(small_key) == b"hello"
+        assert await client.get(small_key) == b"hello"  # from memory: the task answers, encrypted
         assert await client.get(job=job, name="big.bin") == large
         assert large_key == digest_of(large).hex()
         assert [info.name for info in await client.list(job)] == ["big.bin"]
