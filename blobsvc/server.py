@@ -17,6 +17,9 @@ from hurting others:
   manager), and storage takes its per-key locks only to link and unlink, never while bytes
   stream.
 
+Between requests a plain connection's task is parked: a reader callback answers GETs of hot
+small blobs on its own and wakes the task for anything else (:mod:`blobsvc._hotgets`).
+
 GET bodies go from the page cache to the socket with ``os.sendfile``. Blocking disk work
 that can take long (writing large chunks, fsync, deleting a job) runs in worker threads so
 the event loop keeps serving other connections.
