@@ -89,6 +89,8 @@ class HotGets:
             self._wake(ReadTimeout("timed out"))
 
     def _on_readable(self) -> None:
+        if self._woken is None or self._woken.done():
+            return  # the task is about to act: what the client sent next is for it to read
         try:
             data = self._sock.recv(RECV_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -96,8 +98,8 @@ class HotGets:
         except OSError as exc:
             self._wake(connection_closed(exc))
             return
-        self._parser.receive_data(data)
         try:
+            self._parser.receive_data(data)
             event = self._answer_buffered()
         except Exception as exc:  # a protocol error, a failed send: the task deals with it
             self._wake(exc)
