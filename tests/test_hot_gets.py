@@ -11,8 +11,6 @@ import os
 import time
 from typing import Any
 
-import pytest
-
 from blobsvc import AsyncBlobClient, BlobServer
 from blobsvc._protocol import ContentKey, GetRequest, ServerConnection, encode_request
 
