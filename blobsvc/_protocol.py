@@ -713,8 +713,9 @@ class ServerConnection(_Receiver):
     def _get_by_key(self, raw: bytes) -> GetRequest:
         frame = _parsed_gets.get(raw)
         if frame is None:
-            frame = _read_request(_Cursor(bytearray(raw)))
-            assert isinstance(frame, GetRequest)
+            parsed = _read_request(_Cursor(bytearray(raw)))
+            assert isinstance(parsed, GetRequest)
+            frame = parsed
             if len(_parsed_gets) >= _MAX_PARSED_GETS:
                 _parsed_gets.clear()
             _parsed_gets[raw] = frame
