@@ -50,14 +50,14 @@ class HotGets:
         self._parser = connection.parser
         self._hot = connection.storage.hot
         self._sock = connection.stream.sock
-        self._loop = connection._loop
+        self._loop = asyncio.get_running_loop()
         self._idle_timeout = connection.settings.idle_timeout
         self._woken: asyncio.Future[ServerEvent | Signal] | None = None
         self._idle_since = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self.unsent: memoryview | None = None
         """The rest of a hot GET's reply the socket did not take: the task sends it."""
-        self.unsent_count = 0  # the body bytes of that GET, for its observers
+        self.unsent_count = 0  # the body bytes of that GET (what it moved, for the observers)
 
     async def next_event(self) -> ServerEvent | Signal:
         """What the task must act on next, hot GETs answered meanwhile: a request, CLOSED, or
