@@ -7,11 +7,17 @@ Over raw sockets on 127.0.0.1, as in test_server_faults.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
-from blobsvc import AsyncBlobClient, BlobServer
+import pytest
+import uvloop
+
+from blobsvc import AsyncBlobClient, BlobServer, Settings
 from blobsvc._protocol import ContentKey, GetRequest, ServerConnection, encode_request
 
 from .test_server_faults import (
@@ -48,7 +54,8 @@ async def make_hot(raw: Raw, body: bytes) -> bytes:
     return key
 
 
-async def test_pipelined_hot_gets_and_other_requests_are_answered_in_order(server: BlobServer) -> None:
+async def test_pipelined_hot_gets_and_other_requests_are_answered_in_order(start_server: StartServer) -> None:
+    server = await start_server()
     hot, cold = os.urandom(3000), os.urandom(2000)
     async with raw_connection(server) as raw:
         key = await make_hot(raw, hot)
@@ -199,3 +206,30 @@ def test_a_get_by_key_parses_the_same_from_its_cache() -> None:
     parser.next_event()
     first, second = parser.next_event(), parser.next_event()
     assert first == second == GetRequest(ContentKey(MISSING_KEY), 7)
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        test_pipelined_hot_gets_and_other_requests_are_answered_in_order,
+        test_a_client_that_pipelines_hot_gets_and_reads_nothing_is_dropped_within_io_timeout,
+        test_idle_after_hot_gets_is_closed_after_idle_timeout_and_busy_use_is_not,
+        test_a_header_begun_after_a_hot_get_must_be_whole_within_io_timeout,
+    ],
+    ids=["pipelined", "stalled-reader", "idle", "header-deadline"],
+)
+def test_the_same_on_uvloop_which_blobsvc_serve_runs(
+    settings: Settings, test: Callable[[StartServer], Awaitable[None]]
+) -> None:
+    """The other tests run on asyncio's own loop; the reader callback must behave alike on uvloop."""
+
+    async def run() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+
+            async def start(**changes: Any) -> BlobServer:
+                return await stack.enter_async_context(BlobServer(replace(settings, **changes)))
+
+            await test(start)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run())
