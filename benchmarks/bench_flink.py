@@ -230,7 +230,11 @@ class FlinkSide:
         return self.server.cpu_seconds()
 
     def run(self, op: str, mode: str, size: int, count: int, seconds: float) -> Ops:
-        answer = json.loads(self.client.ask(f"{op} {mode} {size} {count} {seconds}", seconds + IO_TIMEOUT))
+        line = self.client.ask(f"{op} {mode} {size} {count} {seconds}", seconds + IO_TIMEOUT)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise BenchError(f"Flink's client answered {line[:200]!r}; see {self.client.log_path}") from None
         if "error" in answer:
             raise BenchError(f"Flink's client failed: {answer['error']}; see {self.client.log_path}")
         return Ops(answer["ops"], answer["seconds"], answer["cpu"], answer["latencies_ns"])
@@ -299,7 +303,9 @@ class BlobsvcSide:
 
     def _new_content(self, mode: str, size: int) -> bytearray | Path:
         """The source of the next PUT, with a new counter in its first 8 bytes."""
-        source = self.sources.setdefault(size, bytearray(os.urandom(size)))
+        if size not in self.sources:
+            self.sources[size] = bytearray(os.urandom(size))
+        source = self.sources[size]
         self.stamp += 1
         source[:8] = self.stamp.to_bytes(8, "big")
         if mode == "memory":
