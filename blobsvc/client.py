@@ -147,9 +147,9 @@ def _parse_address(server: str | tuple[str, int]) -> tuple[str, int]:
 class _Channel:
     """One connection: a socket stream and the protocol state machine that reads it."""
 
-    def __init__(self, stream: SocketStream) -> None:
+    def __init__(self, stream: SocketStream, peer: str) -> None:
         self.stream = stream
-        self.protocol = ClientConnection()
+        self.protocol = ClientConnection(peer)
 
     async def send(self, frame: Hello | Request | Data | PutTrailer, timeout: float | None) -> None:
         await self.stream.send_all(self.protocol.send(frame), timeout)
@@ -755,7 +755,8 @@ class AsyncBlobClient:
             if channel.stream.is_alive():
                 return channel
             channel.close()  # the server closed it while it sat idle (its idle timeout)
-        channel = _Channel(await connect(self.host, self.port, min(self.connect_timeout, timeout), self.tls))
+        stream = await connect(self.host, self.port, min(self.connect_timeout, timeout), self.tls)
+        channel = _Channel(stream, f"{self.host}:{self.port}")
         try:
             await channel.send(Hello(), timeout)
             hello = await channel.reply(timeout)
