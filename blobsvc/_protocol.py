@@ -22,6 +22,8 @@ is the one the header announced, so neither side ever buffers a whole blob here.
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import json
 import re
 import struct
@@ -240,6 +242,11 @@ class AuthRequest:
     def __post_init__(self) -> None:
         if len(self.mac) != MAC_SIZE:
             raise LocalProtocolError(f"an AUTH answer is {MAC_SIZE} bytes")
+
+    @classmethod
+    def answering(cls, secret: bytes, nonce: bytes) -> AuthRequest:
+        """The AUTH that proves knowledge of ``secret`` for the server's ``nonce``."""
+        return cls(hmac.new(secret, nonce, hashlib.sha256).digest())
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,6 @@ import contextlib
 import ctypes
 import enum
 import functools
-import hashlib
-import hmac
 import io
 import os
 import random
@@ -764,8 +762,7 @@ class AsyncBlobClient:
             if hello.nonce is not None:
                 if self.secret is None:
                     raise AuthRequired(f"server {self.server} requires a shared secret")
-                mac = hmac.new(self.secret, hello.nonce, hashlib.sha256).digest()
-                await channel.send(AuthRequest(mac), timeout)
+                await channel.send(AuthRequest.answering(self.secret, hello.nonce), timeout)
                 ok = await channel.reply(timeout)
                 assert isinstance(ok, AuthOk)
         except BaseException:
