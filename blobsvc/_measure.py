@@ -45,6 +45,8 @@ from typing import Any, Protocol, cast
 import blake3
 
 from ._protocol import (
+    AuthOk,
+    AuthRequest,
     ClientConnection,
     ClientEvent,
     ContentKey,
@@ -61,7 +63,9 @@ from ._protocol import (
     Signal,
     encode_request,
 )
+from ._tls import client_context_for
 from .cache import BlobCache
+from .config import Settings
 
 MB = 1_000_000
 MiB = 1 << 20
@@ -158,10 +162,13 @@ def machine() -> dict[str, Any]:
 
 
 class Server(Protocol):
-    """What a measurement needs of the server it loads."""
+    """What a measurement needs of the server it loads. ``access`` holds the client settings
+    that let a client in (``secret_file``, ``tls_ca``, ``tls_client_cert``, ``tls_client_key``);
+    they are paths, so that child processes can be handed them."""
 
     host: str
     port: int
+    access: Settings
 
     def cpu_seconds(self) -> float | None:
         """The server's CPU time so far, or None when it cannot be seen (another host)."""
@@ -173,6 +180,7 @@ class RemoteServer:
 
     host: str
     port: int
+    access: Settings = field(default_factory=Settings)
 
     def cpu_seconds(self) -> float | None:
         return None
@@ -182,6 +190,7 @@ class ServerProcess:
     """``blobsvc serve`` as a child process on 127.0.0.1, stopped by PID."""
 
     host = "127.0.0.1"
+    access = Settings()  # plain TCP, no secret
 
     def __init__(
         self, data_dir: Path, log_path: Path, inline_read_limit: int | None = None, extra_args: Sequence[str] = ()
@@ -575,6 +584,33 @@ class LoadConnection(asyncio.BufferedProtocol):
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(BenchError(f"the server closed the connection: {exc}"))
 
+    async def handshake(self, peer: str, secret: bytes | None) -> None:
+        """The preamble, then AUTH when the server asks for it, parsed by ClientConnection."""
+        assert self.transport is not None
+        protocol = ClientConnection(peer)
+        self.transport.write(protocol.send(Hello()))
+        hello = await self._next_event(protocol)
+        if not isinstance(hello, ServerHello):
+            raise BenchError(f"{peer} refused the connection: {hello!r}")
+        if hello.nonce is None:
+            return
+        if secret is None:
+            raise BenchError(f"server {peer} requires a shared secret: give --secret-file")
+        self.transport.write(protocol.send(AuthRequest.answering(secret, hello.nonce)))
+        if not isinstance(await self._next_event(protocol), AuthOk):
+            raise BenchError(f"server {peer} refused AUTH")
+
+    async def _next_event(self, protocol: ClientConnection) -> ClientEvent:
+        while True:
+            if self.filled:  # (b"" would mean the end of the stream)
+                protocol.receive_data(bytes(self.view[: self.filled]))
+                self.filled = 0
+            event = protocol.next_event()
+            if not isinstance(event, Signal):
+                return event
+            self.need, self.waiter = 1, self.loop.create_future()
+            await self.waiter  # an error frame arrives as BenchError, whole
+
     async def exchange(self, request: bytes, reply_size: int) -> memoryview:
         """Send ``request``; the reply, valid until the next exchange."""
         assert self.transport is not None
@@ -638,14 +674,19 @@ async def _small_load(
 ) -> SmallResult:
     loop = asyncio.get_running_loop()
     connections: list[LoadConnection] = []
+    tls, secret = client_context_for(server.access), server.access.secret()
     try:
         async with asyncio.timeout(IO_TIMEOUT):
             for _ in range(connections_wanted):
                 _, conn = await loop.create_connection(
-                    lambda: LoadConnection(loop, size + 64), server.host, server.port
+                    lambda: LoadConnection(loop, size + 64),
+                    server.host,
+                    server.port,
+                    ssl=tls,
+                    server_hostname=server.host if tls else None,
                 )
                 connections.append(conn)
-                await conn.exchange(encode_request(Hello()), 6)
+                await conn.handshake(f"{server.host}:{server.port}", secret)
         issued = 0
         latencies: list[int] = []
 
@@ -830,23 +871,25 @@ def make_source(path: Path, size: int) -> bytes:
 # --- fan-out through a host cache ----------------------------------------------------------
 
 
-def _fetch_through_cache(address: str, cache_dir: Path, key: str, barrier: Any, results: Any) -> None:
-    with BlobCache(address, cache_dir, max_bytes=1 << 40, timeout=120) as cache:
+def _fetch_through_cache(address: str, access: Settings, cache_dir: Path, key: str, barrier: Any, results: Any) -> None:
+    tls = client_context_for(access)
+    with BlobCache(address, cache_dir, max_bytes=1 << 40, timeout=120, secret=access.secret(), tls=tls) as cache:
         barrier.wait(120)
         started = time.monotonic()
         path = cache.path(key)
         results.put((started, time.monotonic(), str(path)))
 
 
-def fan_out_seconds(context: Any, address: str, key: str, processes: int, cache_dir: Path) -> float:
+def fan_out_seconds(
+    context: Any, address: str, key: str, processes: int, cache_dir: Path, access: Settings | None = None
+) -> float:
     """Seconds for ``processes`` children of ``context`` (a multiprocessing context) to get
     blob ``key`` through one BlobCache in ``cache_dir``: from a barrier (every child has
-    opened its cache) to the last child holding its verified path."""
+    opened its cache) to the last child holding its verified path. ``access``: see
+    :class:`Server`."""
     barrier, results = context.Barrier(processes), context.Queue()
-    children = [
-        context.Process(target=_fetch_through_cache, args=(address, cache_dir, key, barrier, results), daemon=True)
-        for _ in range(processes)
-    ]
+    args = (address, access or Settings(), cache_dir, key, barrier, results)
+    children = [context.Process(target=_fetch_through_cache, args=args, daemon=True) for _ in range(processes)]
     for child in children:
         child.start()
     try:

@@ -22,7 +22,10 @@ is the one the header announced, so neither side ever buffers a whole blob here.
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import json
+import re
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -98,6 +101,11 @@ MAX_NAME_BYTES = 255  # one filename's worth on every common filesystem, like Fl
 MAX_ERROR_MESSAGE = 64 * 1024
 # A LIST answer is buffered whole; a million entries is ~300 MB at most and far beyond any job.
 MAX_LIST_ENTRIES = 1_000_000
+# What a peer on the wrong port of a server says first: an HTTP reply's status line (a binary
+# client at the HTTP face, or at any HTTP server), or an HTTP request line (curl at the
+# binary port). Neither can begin the binary preamble.
+HTTP_REPLY = b"HTTP/"
+_HTTP_REQUEST = re.compile(rb"[A-Z]{3,7} [/*h]")
 # A STATUS document is a few hundred bytes of counters; HA adds a few fields. A megabyte
 # leaves room for growth while a client never buffers a "status" the size of a blob.
 MAX_STATUS_BYTES = 1 << 20
@@ -234,6 +242,11 @@ class AuthRequest:
     def __post_init__(self) -> None:
         if len(self.mac) != MAC_SIZE:
             raise LocalProtocolError(f"an AUTH answer is {MAC_SIZE} bytes")
+
+    @classmethod
+    def answering(cls, secret: bytes, nonce: bytes) -> AuthRequest:
+        """The AUTH that proves knowledge of ``secret`` for the server's ``nonce``."""
+        return cls(hmac.new(secret, nonce, hashlib.sha256).digest())
 
 
 @dataclass(frozen=True, slots=True)
@@ -654,6 +667,11 @@ class ServerConnection(_Receiver):
         self.state = _ServerState.HELLO
 
     @property
+    def http_request(self) -> bool:
+        """The client opened with an HTTP request line instead of the preamble (curl)."""
+        return self.state is _ServerState.HELLO and _HTTP_REQUEST.match(self._buf) is not None
+
+    @property
     def between_requests(self) -> bool:
         """No part of a request is buffered: the connection is idle."""
         return self.state is _ServerState.IDLE and not self._buf
@@ -732,11 +750,13 @@ class ClientConnection(_Receiver):
     Each request sent queues the kind of reply it expects, so requests may be pipelined; a
     PUT's body must be sent whole (``Data`` frames adding up to its length, then its
     ``PutTrailer``) before the next request. After an error frame whose code closes the
-    connection, ``closed`` is true and nothing more may be sent.
+    connection, ``closed`` is true and nothing more may be sent. ``peer`` names the server
+    in errors (``"host:port"``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, peer: str = "the server") -> None:
         super().__init__()
+        self.peer = peer
         self._expected: deque[Hello | Request] = deque()
         self._send_body_left: int | None = None
         self._get: GetOk | None = None
@@ -840,6 +860,13 @@ class ClientConnection(_Receiver):
     def _read_server_hello(self) -> ServerHello | ErrorFrame | Signal:
         if self._buf[:1] == bytes([_STATUS_ERROR]):
             return self._read_error()  # BUSY, UNSUPPORTED_VERSION: refused at the door
+        if HTTP_REPLY.startswith(self._buf[: len(HTTP_REPLY)]):
+            if len(self._buf) < len(HTTP_REPLY):
+                return NEED_DATA
+            raise RemoteProtocolError(
+                f"{self.peer} answered HTTP: it is blobsvc's HTTP port (or another HTTP server), "
+                "not the binary protocol port"
+            )
         _check_magic(self._buf, RemoteProtocolError)
         if len(self._buf) < 6:
             return NEED_DATA

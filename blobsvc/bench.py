@@ -43,7 +43,9 @@ from typing import Any
 
 from . import _measure as m
 from ._exceptions import NotFound
+from ._tls import client_context_for
 from .client import AsyncBlobClient
+from .config import Settings
 
 __all__ = ["Plan", "plot", "run", "steps", "table"]
 
@@ -93,6 +95,11 @@ class _Context:
     def address(self) -> str:
         return f"{self.server.host}:{self.server.port}"
 
+    def client(self, **options: Any) -> AsyncBlobClient:
+        """A client of the server under test, with its secret and TLS files."""
+        access = self.server.access
+        return AsyncBlobClient(self.address, secret=access.secret(), tls=client_context_for(access), **options)
+
     def source(self, size: int) -> tuple[Path, bytes]:
         if size not in self.sources:
             path = self.work / f"source-{size}.bin"
@@ -121,10 +128,10 @@ def steps(plan: Plan) -> list[Step]:
 
 
 @contextlib.contextmanager
-def _server(address: str | None, work: Path, plan: Plan) -> Iterator[m.Server]:
+def _server(address: str | None, work: Path, plan: Plan, access: Settings) -> Iterator[m.Server]:
     if address is not None:
         host, _, port = address.rpartition(":")
-        yield m.RemoteServer(host.strip("[]") or "127.0.0.1", int(port))
+        yield m.RemoteServer(host.strip("[]") or "127.0.0.1", int(port), access)
         return
     with m.running_server(work / "data", work / "server.log") as server:
         yield server
@@ -135,17 +142,19 @@ def run(
     emit: Callable[[dict[str, Any]], None],
     *,
     address: str | None = None,
+    access: Settings | None = None,
     progress: Callable[[str], None] = lambda label: None,
 ) -> None:
     """Run ``plan`` against the server at ``address`` (``host:port``), or against a fresh
     local ``blobsvc serve`` it starts and stops itself; every measurement goes to ``emit``.
-    ``progress`` is called with each step's label as it ends."""
+    ``access``: the settings (``secret_file``, ``tls_*``) that let a client into the server at
+    ``address``. ``progress`` is called with each step's label as it ends."""
     parent = m.choose_tmp_parent(plan.tmp_dir, Path.cwd() / "blobsvc-bench")
     work = Path(tempfile.mkdtemp(prefix="blobsvc-bench-", dir=parent))
     try:
         mount, fs_type = m.filesystem_of(work)
         emit({"bench": "setup", **m.machine(), "server": address or "local", "filesystem": fs_type, "mount": mount})
-        with _server(address, work, plan) as server:
+        with _server(address, work, plan, access or Settings()) as server:
             context = _Context(plan, work, server, emit)
             try:
                 for label, step in steps(plan):
@@ -160,7 +169,7 @@ def run(
 
 async def _delete(context: _Context) -> None:
     """Remove what the bench stored on a server it did not start."""
-    async with AsyncBlobClient(context.address, timeout=m.IO_TIMEOUT) as client:
+    async with context.client(timeout=m.IO_TIMEOUT) as client:
         keys = [key.hex() for key in context.small_keys] + [key.hex() for _, key in context.sources.values()]
         for start in range(0, len(keys), 64):
             await asyncio.gather(*(client.delete(key) for key in keys[start : start + 64]))
@@ -255,7 +264,7 @@ def _large_cell(size: int, connections: int) -> Callable[[_Context], None]:
 
 
 async def _transfer(context: _Context, op: str, source: Path, key: bytes, size: int, connections: int) -> float:
-    async with AsyncBlobClient(context.address, timeout=m.IO_TIMEOUT, retries=0) as client:
+    async with context.client(timeout=m.IO_TIMEOUT, retries=0) as client:
         if op == "put":
             await asyncio.gather(*(client.delete(job=_JOB, name=f"w{i}") for i in range(connections)))
             await client.delete(key.hex())  # every PUT stores a new object
@@ -300,7 +309,7 @@ def _rate_record(name: str, size: int, connections: int, seconds: list[float], *
 def _fan_out(context: _Context) -> None:
     plan = context.plan
     source, key = context.source(plan.fan_out_size)
-    m.run_async(_upload(context.address, source))
+    m.run_async(_upload(context, source))
     process_context = multiprocessing.get_context("forkserver")
     process_context.set_forkserver_preload(["blobsvc.cache"])
     times: dict[int, list[float]] = {1: [], plan.fan_out_processes: []}
@@ -308,7 +317,9 @@ def _fan_out(context: _Context) -> None:
         for processes in times:
             cache_dir = context.work / f"cache-{round_}-{processes}"
             times[processes].append(
-                m.fan_out_seconds(process_context, context.address, key.hex(), processes, cache_dir)
+                m.fan_out_seconds(
+                    process_context, context.address, key.hex(), processes, cache_dir, context.server.access
+                )
             )
             shutil.rmtree(cache_dir, ignore_errors=True)
     one, many = statistics.median(times[1]), statistics.median(times[plan.fan_out_processes])
@@ -326,8 +337,8 @@ def _fan_out(context: _Context) -> None:
     )
 
 
-async def _upload(address: str, source: Path) -> None:
-    async with AsyncBlobClient(address, timeout=m.IO_TIMEOUT) as client:
+async def _upload(context: _Context, source: Path) -> None:
+    async with context.client(timeout=m.IO_TIMEOUT) as client:
         await client.put(source)
 
 

@@ -43,25 +43,22 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _T = TypeVar("_T")
 
 
-CLIENT_SETTINGS = (
-    "server",
-    "timeout",
-    "connect_timeout",
-    "retries",
-    "secret_file",
-    "tls_ca",
-    "tls_client_cert",
-    "tls_client_key",
-)
+ACCESS_SETTINGS = ("secret_file", "tls_ca", "tls_client_cert", "tls_client_key")
+CLIENT_SETTINGS = ("server", "timeout", "connect_timeout", "retries", *ACCESS_SETTINGS)
+
+
+def access_options(command: _F) -> _F:
+    """What a client needs to be let in: the shared secret and the TLS files."""
+    for name in reversed(ACCESS_SETTINGS):  # files: a missing one is a usage error
+        command = setting_option(name, type=click.Path(dir_okay=False, exists=True))(command)
+    return command
 
 
 def client_options(command: _F) -> _F:
     """The options every command that talks to a server shares."""
-    for name in reversed(CLIENT_SETTINGS):
-        extra: dict[str, Any] = {}
-        if name == "secret_file" or name.startswith("tls_"):  # files: a missing one is a usage error
-            extra["type"] = click.Path(dir_okay=False, exists=True)
-        command = setting_option(name, *(["-s"] if name == "server" else []), **extra)(command)
+    command = access_options(command)
+    for name in reversed(CLIENT_SETTINGS[: -len(ACCESS_SETTINGS)]):
+        command = setting_option(name, *(["-s"] if name == "server" else []))(command)
     return config_option(command)
 
 
@@ -411,7 +408,9 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
 @click.option("--quick", is_flag=True, help="Tiny sizes and counts: proves the bench runs, measures little.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw the results into this PNG.")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), help="Parent of the bench's files [default: $TMPDIR].")
-def bench(server: str | None, quick: bool, plot_path: str | None, tmp_dir: str | None) -> None:
+@access_options
+@config_option
+def bench(server: str | None, quick: bool, plot_path: str | None, tmp_dir: str | None, **access: Any) -> None:
     """Measure a server beside baselines taken in the same run on this machine.
 
     PUT and GET of 4 KiB, 1 MiB, 64 MiB and 512 MiB blobs over 1, 8 and 32 connections,
@@ -419,12 +418,18 @@ def bench(server: str | None, quick: bool, plot_path: str | None, tmp_dir: str |
     measurement on stdout and a summary table on stderr. Without --server it starts a local
     `blobsvc serve` on a temporary data directory and stops it at the end; with one, it
     deletes what it stored. --plot needs matplotlib (pip install 'blobsvc[bench]').
+    --secret-file and the TLS options are for a --server that asks for them.
     """
     from . import _measure
     from . import bench as benchmark
 
     if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise click.ClickException("--plot needs matplotlib: pip install 'blobsvc[bench]'")
+    if server is None and any(value is not None for value in access.values()):
+        raise click.UsageError("--secret-file and --tls-* go with --server: the bench's own server uses neither")
+    settings = load_settings(click.get_current_context(), access) if server is not None else None
+    if settings is not None:
+        _run(_check_access(settings))  # an empty secret file, TLS files that do not fit: before any work
     plan = benchmark.Plan.quick(tmp_dir) if quick else benchmark.Plan(tmp_dir=tmp_dir)
     records: list[dict[str, Any]] = []
 
@@ -434,13 +439,18 @@ def bench(server: str | None, quick: bool, plot_path: str | None, tmp_dir: str |
 
     try:
         with click.progressbar(length=len(benchmark.steps(plan)), label="measuring", file=sys.stderr) as bar:
-            benchmark.run(plan, emit, address=server, progress=lambda label: bar.update(1))
+            benchmark.run(plan, emit, address=server, access=settings, progress=lambda label: bar.update(1))
     except (_measure.BenchError, BlobError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(benchmark.table(records), err=True)
     if plot_path is not None:
         benchmark.plot(records, plot_path)
         click.echo(f"plot written to {plot_path}", err=True)
+
+
+async def _check_access(settings: Settings) -> None:
+    settings.secret()
+    client_context_for(settings)
 
 
 main.add_command(cache)

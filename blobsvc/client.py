@@ -18,14 +18,13 @@ import contextlib
 import ctypes
 import enum
 import functools
-import hashlib
-import hmac
 import io
 import os
 import random
 import ssl
 import tempfile
 import threading
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,9 +146,9 @@ def _parse_address(server: str | tuple[str, int]) -> tuple[str, int]:
 class _Channel:
     """One connection: a socket stream and the protocol state machine that reads it."""
 
-    def __init__(self, stream: SocketStream) -> None:
+    def __init__(self, stream: SocketStream, peer: str) -> None:
         self.stream = stream
-        self.protocol = ClientConnection()
+        self.protocol = ClientConnection(peer)
 
     async def send(self, frame: Hello | Request | Data | PutTrailer, timeout: float | None) -> None:
         await self.stream.send_all(self.protocol.send(frame), timeout)
@@ -427,7 +426,8 @@ class AsyncBlobClient:
     ``backoff * 2**n`` seconds (with jitter) between them. Server answers such as NOT_FOUND
     are never retried. ``tls`` (see :func:`blobsvc.client_tls_context`) makes every
     connection TLS, checking the server's certificate against the host name in ``server``.
-    Use as ``async with AsyncBlobClient(...) as client:``.
+    Use as ``async with AsyncBlobClient(...) as client:``. Fork-safe: a forked child drops
+    the pooled connections it inherited and connects afresh.
     """
 
     def __init__(
@@ -453,6 +453,7 @@ class AsyncBlobClient:
         self.backoff = backoff
         self._idle: list[_Channel] = []
         self._state = _State.OPEN
+        _pools.add(self)
 
     @property
     def server(self) -> str:
@@ -468,8 +469,7 @@ class AsyncBlobClient:
 
     async def aclose(self) -> None:
         self._state = _State.CLOSED
-        while self._idle:
-            self._idle.pop().close()
+        self._close_idle()
 
     # --- public operations -------------------------------------------------------------------
 
@@ -746,8 +746,7 @@ class AsyncBlobClient:
             # expires. (A NOT_LEADER is only read again: a suspended leader may come back.)
             self._avoid = f"{self.host}:{self.port}"
         self._located = False
-        while self._idle:
-            self._idle.pop().close()
+        self._close_idle()
 
     async def _acquire(self, timeout: float) -> _Channel:
         while self._idle:
@@ -755,7 +754,8 @@ class AsyncBlobClient:
             if channel.stream.is_alive():
                 return channel
             channel.close()  # the server closed it while it sat idle (its idle timeout)
-        channel = _Channel(await connect(self.host, self.port, min(self.connect_timeout, timeout), self.tls))
+        stream = await connect(self.host, self.port, min(self.connect_timeout, timeout), self.tls)
+        channel = _Channel(stream, f"{self.host}:{self.port}")
         try:
             await channel.send(Hello(), timeout)
             hello = await channel.reply(timeout)
@@ -763,14 +763,17 @@ class AsyncBlobClient:
             if hello.nonce is not None:
                 if self.secret is None:
                     raise AuthRequired(f"server {self.server} requires a shared secret")
-                mac = hmac.new(self.secret, hello.nonce, hashlib.sha256).digest()
-                await channel.send(AuthRequest(mac), timeout)
+                await channel.send(AuthRequest.answering(self.secret, hello.nonce), timeout)
                 ok = await channel.reply(timeout)
                 assert isinstance(ok, AuthOk)
         except BaseException:
             channel.close()
             raise
         return channel
+
+    def _close_idle(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
 
     def _release(self, channel: _Channel) -> None:
         if channel.reusable and self._state is _State.OPEN and len(self._idle) < MAX_IDLE_CONNECTIONS:
@@ -1064,6 +1067,21 @@ async def _read_chunks(read: Callable[[int], Awaitable[bytes]], length: int) -> 
             raise LocalProtocolError(f"the source ended {left} bytes short of its size")
         left -= len(chunk)
         yield chunk
+
+
+# Every client's pool, for the fork handler (weakly: a client's lifetime is its owner's).
+_pools: weakref.WeakSet[AsyncBlobClient] = weakref.WeakSet()
+
+
+def _drop_pools_after_fork() -> None:
+    """In a forked child, every pooled connection is the parent's too: a request on one would
+    interleave with the parent's. Closing the child's descriptors leaves the parent's
+    connections as they were (no shutdown, no TLS close_notify); the child connects afresh."""
+    for client in list(_pools):
+        client._close_idle()
+
+
+os.register_at_fork(after_in_child=_drop_pools_after_fork)
 
 
 def _blocking(

@@ -263,7 +263,9 @@ class Settings:
         _parse_server,
         "host:port of the server the client commands use, or zk://HOST:PORT[,…]/CLUSTER_ID to follow a leader.",
     )
-    connect_timeout: float = _setting(10.0, _parse_seconds, "Seconds to wait for a connection.")
+    connect_timeout: float = _setting(
+        10.0, _parse_seconds, "Seconds to wait for a connection (a server's first to ZooKeeper too, then it exits 1)."
+    )
     timeout: float = _setting(60.0, _parse_seconds, "Seconds a client waits for a byte before giving up.")
     retries: int = _setting(3, _parse_count, "Attempts after the first for a failed connection or read.")
     tls_ca: Path | None = _setting(

@@ -53,7 +53,7 @@ from ._exceptions import (
 from ._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ._netio import SocketStream, body_deadline, header_deadline
 from ._observe import ABORTED, http_outcome, op_name
-from ._protocol import ContentKey, JobBlob, name_error
+from ._protocol import MAGIC, ContentKey, JobBlob, name_error
 from ._slots import Connection
 from .storage import BlobStorage, OpenBlob
 
@@ -68,10 +68,20 @@ log = logging.getLogger("blobsvc.http")
 # bytes; 16 KiB is h11's own default and above nginx's usual 8 KiB.
 MAX_HEADER_BYTES = 16 << 10
 RECV_SIZE = 64 << 10
-_PLAIN_AT_TLS_TEXT = b"this server requires TLS: use https://\n"
-_PLAIN_AT_TLS = (
-    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-    b"Content-Length: %d\r\n\r\n%s" % (len(_PLAIN_AT_TLS_TEXT), _PLAIN_AT_TLS_TEXT)
+
+
+def bad_request_bytes(text: str) -> bytes:
+    """A whole ``400 Bad Request`` that closes, for a peer that h11 never got to parse."""
+    body = (text + "\n").encode()
+    head = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+    return f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+_PLAIN_AT_TLS = bad_request_bytes("this server requires TLS: use https://")
+# What this face says to a binary client (its preamble): at once, rather than wait out
+# io_timeout for a request line that never comes. The client recognises the HTTP reply.
+_BINARY_AT_HTTP = (
+    "this is blobsvc's HTTP port: binary clients (blobsvc get/put, BlobClient) use the binary protocol port"
 )
 # Bodies up to this size go out with their headers in one send; sendfile pays off above it.
 INLINE_BODY_LIMIT = 64 << 10
@@ -369,6 +379,7 @@ class HttpConnection(Connection):
         self.settings = server.settings
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         self._header_deadline: float | None = None  # when the request header being read must be whole
+        self._first_bytes = True
 
     async def _fail(self, exc: Exception) -> None:
         if isinstance(exc, RemoteProtocolError):  # plain HTTP at a TLS port: h11 has not begun
@@ -443,7 +454,12 @@ class HttpConnection(Connection):
             if not between_requests and self._header_deadline is None:
                 self._header_deadline = self._loop.time() + self.settings.io_timeout
             async with header_deadline(self._header_deadline, self.settings.io_timeout):
-                self.h11.receive_data(await self.stream.recv(RECV_SIZE, timeout))
+                data = await self.stream.recv(RECV_SIZE, timeout)
+            if self._first_bytes:
+                self._first_bytes = False
+                if data.startswith(MAGIC):
+                    raise h11.RemoteProtocolError(_BINARY_AT_HTTP, error_status_hint=400)
+            self.h11.receive_data(data)
 
     async def _refuse(self, response: HttpResponse) -> None:
         """Answer and close gracefully, so that a client still sending reads our answer. The

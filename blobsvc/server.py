@@ -99,7 +99,7 @@ from ._threads import wait_out
 from ._tls import TlsStream, server_context_for
 from .config import Settings
 from .ha import HighAvailability, high_availability
-from .http import HttpConnection, HttpFace
+from .http import HttpConnection, HttpFace, bad_request_bytes
 from .storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
 
 if TYPE_CHECKING:
@@ -375,6 +375,11 @@ def _bind(host: str, ports: range) -> socket.socket:
     raise OSError(f"no free port in {ports.start}-{ports.stop - 1} on {host}: {last_error}")
 
 
+_HTTP_AT_BINARY = bad_request_bytes(
+    "this is blobsvc's binary protocol port: HTTP (curl, pip, Spark's fetcher) goes to the server's --http-port"
+)
+
+
 class _Connection(Connection):
     """One client connection's read-act-answer loop."""
 
@@ -391,6 +396,13 @@ class _Connection(Connection):
         self._header_deadline: float | None = self.waiting_since + self.settings.io_timeout
 
     async def _fail(self, exc: Exception) -> None:
+        if isinstance(exc, RemoteProtocolError) and self.parser.http_request:  # curl: an HTTP answer it can show
+            log.info("%s: an HTTP request at the binary port", self.stream.peer)
+            self._stop_counting()
+            with contextlib.suppress(TransportError):
+                await self.stream.send_all(_HTTP_AT_BINARY, self.settings.io_timeout)
+                await self.stream.linger_close()
+            return
         if isinstance(exc, RemoteProtocolError):
             log.info("%s: bad request: %s", self.stream.peer, exc)
         elif not isinstance(exc, ServerError):

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from click.testing import CliRunner
 
 from blobsvc.cli import main
+
+from .conftest import ServerProcess
 
 
 @pytest.mark.slow
@@ -44,3 +48,59 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch
     result = CliRunner().invoke(main, ["bench", "--quick", "--plot", str(tmp_path / "x.png")])
     assert result.exit_code == 1
     assert "pip install 'blobsvc[bench]'" in result.output
+
+
+@pytest.mark.slow
+def test_quick_bench_measures_a_server_that_requires_auth_and_tls(
+    spawn_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Every part of the bench (the raw small-request load, the clients, the fan-out's caches
+    in their own processes, the clean-up) is let in by --secret-file and --tls-ca."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    (tmp_path / "secret").write_text("bench secret\n")
+    access = ["--secret-file", str(tmp_path / "secret")]
+    server = spawn_server(*access, "--tls-cert", str(tmp_path / "server.pem"), "--max-blob-size", str(64 << 20))
+    work = tmp_path / "work"
+    work.mkdir()
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "--quick",
+            "--server",
+            server.address,
+            "--tmp-dir",
+            str(work),
+            *access,
+            "--tls-ca",
+            str(tmp_path / "ca.pem"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {"put", "get", "get_file", "fan_out"} <= {record["bench"] for record in records}
+    assert next(r for r in records if r["bench"] == "get" and r["size"] == 4096)["ops_s"] > 0
+    status = CliRunner().invoke(
+        main, ["status", "--json", "-s", server.address, *access, "--tls-ca", str(tmp_path / "ca.pem")]
+    )
+    assert json.loads(status.stdout)["blobs"] == 0  # the bench deleted what it stored
+
+
+def test_bench_without_the_secret_of_a_server_that_requires_one_says_so(
+    spawn_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    (tmp_path / "secret").write_text("bench secret\n")
+    server = spawn_server("--secret-file", str(tmp_path / "secret"))
+    result = CliRunner().invoke(main, ["bench", "--quick", "--server", server.address, "--tmp-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"Error: server {server.address} requires a shared secret" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bench_access_options_go_with_server(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("s\n")
+    result = CliRunner().invoke(main, ["bench", "--quick", "--secret-file", str(tmp_path / "secret")])
+    assert result.exit_code == 2
+    assert "go with --server" in result.output

@@ -6,11 +6,15 @@ so the two faces cannot drift apart.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import io
 import multiprocessing
+import os
 import random
+import select
+import signal
 import socket
 import tracemalloc
 import uuid
@@ -35,7 +39,7 @@ from blobsvc import (
 )
 from blobsvc.client import BODY_BUFFER, BODY_BUFFERS
 
-from .conftest import CuttingProxy, ServerThread, address_text
+from .conftest import CuttingProxy, ServerProcess, ServerThread, address_text
 
 SIZES = [0, 1, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 10 << 20]
 
@@ -344,3 +348,45 @@ async def test_a_file_download_holds_a_few_buffers_whatever_the_blob_size(
     assert info.size == 64 << 20
     assert peak <= (BODY_BUFFERS + 1) * BODY_BUFFER
     assert blake3.blake3((tmp_path / "copy.bin").read_bytes()).hexdigest() == key
+
+
+def test_a_forked_child_never_sends_on_its_parents_pooled_connection(
+    spawn_server: Callable[..., ServerProcess],
+) -> None:
+    """A client forked with a connection in its pool (os.fork, multiprocessing's "fork"): the
+    child connects afresh rather than interleave its requests with the parent's on the
+    inherited socket, and the parent's pooled connection goes on answering in order."""
+    server = spawn_server()
+    loop = asyncio.new_event_loop()
+    client = AsyncBlobClient(server.address, timeout=10, retries=0)
+    try:
+        key = loop.run_until_complete(client.put(b"parent"))
+        (pooled,) = client._idle
+        inherited = pooled.stream.sock.getsockname()
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report through the pipe, leave without pytest's teardown
+            code = 1
+            try:
+                info = asyncio.new_event_loop().run_until_complete(client.stat(key))
+                os.write(write_end, repr((info.size, client._idle[0].stream.sock.getsockname())).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        try:
+            answered, _, _ = select.select([read_end], [], [], 30)
+            report = os.read(read_end, 1000).decode() if answered else "nothing (it hung)"
+        finally:
+            os.close(read_end)
+            if not answered:
+                os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, report
+        size, used = ast.literal_eval(report)
+        assert size == len(b"parent") and used != inherited
+        assert loop.run_until_complete(client.get(key)) == b"parent"
+        assert client._idle == [pooled]  # still the parent's own connection, in step
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.close()

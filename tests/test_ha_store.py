@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,3 +167,39 @@ def test_a_name_written_by_a_newer_leader_is_not_overwritten_by_an_older_one(
     with pytest.raises(NotLeader, match="newer leader"):
         store.put(old, old_key, JobBlob(JOB, "model"), epoch=4)
     assert _fetch(store, JobBlob(JOB, "model")) == (new_key, b"from the new leader")
+
+
+_CRASHING_WRITER = """
+import resource, signal, sys
+from pathlib import Path
+from blobsvc.ha import open_blob_store
+
+store = open_blob_store(sys.argv[1])
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; by default it kills, mid-write
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[4]), resource.RLIM_INFINITY))
+store.put(Path(sys.argv[2]), bytes.fromhex(sys.argv[3]), None)
+"""
+
+
+@pytest.mark.parametrize("location", ["directory", "file-url"])
+def test_a_writer_killed_mid_copy_leaves_no_partial_object_and_the_next_put_cleans_up(
+    location: str, tmp_path: Path
+) -> None:
+    """A real crash: the kernel kills the writing process (SIGXFSZ) once its copy of the
+    object reaches 1 MiB of 4. No partial object is left under its final name (a file://
+    URL used to be written in place), and the next PUT of the bytes leaves no debris."""
+    data = bytes(range(256)) * (16 << 10)  # 4 MiB
+    path, key = _source(tmp_path, data)
+    url = str(tmp_path / "ha") if location == "directory" else f"file://{tmp_path}/ha"
+    crashed = subprocess.run(
+        [sys.executable, "-c", _CRASHING_WRITER, url, str(path), key.hex(), str(1 << 20)], timeout=60, check=False
+    )
+    assert crashed.returncode == -signal.SIGXFSZ
+    key_dir = tmp_path / "ha" / "objects" / key.hex()[:2] / key.hex()
+    assert not (key_dir / "data").exists()
+    assert [p.stat().st_size for p in key_dir.iterdir()] == [1 << 20]  # only the crashed copy's temp file
+    store = open_blob_store(url)
+    assert store.fetch(ContentKey(key), lambda _: None) is None
+    store.put(path, key, None)
+    assert _fetch(store, ContentKey(key)) == (key, data)
+    assert sorted(p.name for p in key_dir.iterdir()) == ["content", "data"]

@@ -339,6 +339,35 @@ def test_an_unreachable_zookeeper_is_one_line_from_a_client_command(tmp_path: Pa
     assert done.stderr.count("\n") == 1, done.stderr
 
 
+@pytest.mark.parametrize("peer", ["refuses", "says nothing"])
+def test_serve_with_an_unreachable_zookeeper_exits_1_within_connect_timeout(peer: str, tmp_path: Path) -> None:
+    """A port that refuses, and one that accepts and never answers (a wedged or firewalled
+    ZooKeeper): either way `serve` exits 1 with one line naming the address, within
+    connect_timeout, even though the session timeout (which bounds each of kazoo's own
+    handshakes) is far longer than the subprocess's deadline."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        if peer == "says nothing":
+            listener.listen(8)
+        port = listener.getsockname()[1]
+        command = [
+            sys.executable, "-m", "blobsvc", "serve", "--port", "0", "--data-dir", str(tmp_path / "data"),
+            "--recovery-mode", "zookeeper", "--zookeeper", f"127.0.0.1:{port}", "--ha-dir", str(tmp_path / "ha"),
+            "--connect-timeout", "1", "--zookeeper-session-timeout", "120", "--log-level", "error",
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr == f"Error: cannot reach ZooKeeper at 127.0.0.1:{port} within 1s (connect_timeout)\n"
+    assert "listening on" not in done.stdout
+
+
+def test_serve_with_a_malformed_zookeeper_address_names_it(tmp_path: Path) -> None:
+    args = ["serve", "--port", "0", "--data-dir", str(tmp_path), "--recovery-mode", "zookeeper"]
+    result = CliRunner().invoke(main, [*args, "--zookeeper", "127.0.0.1:99999", "--ha-dir", str(tmp_path / "ha")])
+    assert result.exit_code == 2
+    assert "not a ZooKeeper address: '127.0.0.1:99999'" in result.output
+
+
 def test_zookeeper_mode_without_an_ensemble_is_a_usage_error(tmp_path: Path) -> None:
     args = ["serve", "--port", "0", "--data-dir", str(tmp_path), "--recovery-mode", "zookeeper"]
     result = CliRunner().invoke(main, args)

@@ -23,7 +23,7 @@ import blake3
 import pytest
 from click.testing import CliRunner
 
-from blobsvc import BlobClient, InvalidArgument, Settings, new_job_id
+from blobsvc import BlobClient, InvalidArgument, RemoteProtocolError, Settings, new_job_id
 from blobsvc.cli import main
 from blobsvc.http import blob_path, blob_url, parse_range, url_signature
 
@@ -305,11 +305,27 @@ def test_an_oversized_header_gets_431(face: Http) -> None:
     assert answer.startswith(b"HTTP/1.1 431 ") and b"too large" in answer
 
 
-def test_the_binary_port_is_not_the_http_port(face: Http) -> None:
-    """An HTTP client on the binary port gets the binary protocol's refusal at once, not a hang."""
+def test_an_http_client_at_the_binary_port_gets_a_400_naming_it(face: Http) -> None:
+    """curl at the binary port reads an HTTP answer at once (it could not show an error frame)."""
     _, port = face.thread.server.address
-    answer = raw_exchange(port, b"GET / HTTP/1.1\r\n\r\n")
-    assert answer[:1] == b"\x01"
+    status, _, body = fetch(f"http://127.0.0.1:{port}/blobs/{'0' * 64}")
+    assert status == 400
+    assert body.startswith(b"this is blobsvc's binary protocol port: HTTP (curl, pip, Spark's fetcher) goes to")
+
+
+def test_a_binary_client_at_the_http_port_is_told_so_in_one_line(face: Http) -> None:
+    """The HTTP face answers a binary preamble at once; the client recognises HTTP, does not retry."""
+    wrong = f"127.0.0.1:{face.port}"
+    expected = f"{wrong} answered HTTP: it is blobsvc's HTTP port (or another HTTP server), not the binary protocol"
+    expected += " port"
+    with BlobClient(wrong, timeout=60, retries=3) as client, pytest.raises(RemoteProtocolError) as raised:
+        client.stat("0" * 64)
+    assert str(raised.value) == expected
+    result = CliRunner().invoke(main, ["get", "0" * 64, "-s", wrong])
+    assert result.exit_code == 1
+    assert result.output == f"Error: {expected}\n"
+    answer = raw_exchange(face.port, b"BLOB\x01\x00")
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"binary protocol port" in answer
 
 
 def test_connections_over_the_shared_limit_get_503(settings: Settings) -> None:

@@ -334,6 +334,28 @@ def test_connection_state_after_an_error_follows_the_table(code: int, stays_open
     assert client.closed is not stays_open
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_an_http_reply_in_place_of_the_server_hello_names_the_wrong_port(mode: str) -> None:
+    client = ClientConnection("blobs.example:6180")
+    client.send(Hello())
+    with pytest.raises(RemoteProtocolError) as raised:
+        feed(client, b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", mode)
+    assert str(raised.value) == (
+        "blobs.example:6180 answered HTTP: it is blobsvc's HTTP port (or another HTTP server), "
+        "not the binary protocol port"
+    )
+    assert client.closed
+
+
+@pytest.mark.parametrize(("first", "http"), [(b"GET /blobs/ab HTTP/1.1\r\n", True), (b"HELO", False)])
+def test_a_server_tells_an_http_request_from_a_bad_preamble(first: bytes, http: bool) -> None:
+    server = ServerConnection()
+    server.receive_data(first)
+    with pytest.raises(RemoteProtocolError):
+        server.next_event()
+    assert server.http_request is http
+
+
 def test_server_closing_mid_reply_is_connection_closed() -> None:
     client = client_after_hello()
     client.send(GetRequest(ContentKey(KEY)))

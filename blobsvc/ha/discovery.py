@@ -15,6 +15,7 @@ after a fork (Spark forks its Python workers).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -89,23 +90,35 @@ class ZkPaths:
 
 
 def connect_zookeeper(hosts: str, *, session_timeout: float, timeout: float) -> Any:
-    """A started KazooClient; fails with :class:`ConnectError` after ``timeout`` seconds."""
+    """A started KazooClient; fails with :class:`ConnectError` after ``timeout`` seconds.
+
+    Once started, the client reconnects for ever (a running server suspends and waits, see
+    :mod:`.leader`); only this first connection is bounded."""
     require_kazoo()
     from kazoo.client import KazooClient
     from kazoo.retry import KazooRetry
 
-    client = KazooClient(
-        hosts=hosts,
-        timeout=session_timeout,
-        connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
-    )
     try:
-        client.start(timeout=timeout)
-    except Exception as exc:
+        client = KazooClient(
+            hosts=hosts,
+            timeout=session_timeout,
+            connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
+        )
+    except ValueError as exc:  # a port out of range
+        raise ValueError(f"not a ZooKeeper address: {hosts!r} ({exc})") from None
+    # Not client.start(timeout): on a timeout it waits for the connection thread, which can
+    # sit in one handshake with a silent peer for the whole session timeout.
+    if not client.start_async().wait(timeout):
+        threading.Thread(target=_discard, args=(client,), name="blobsvc-zk-discard", daemon=True).start()
+        raise ConnectError(f"cannot reach ZooKeeper at {hosts} within {timeout:g}s (connect_timeout)")
+    return client
+
+
+def _discard(client: Any) -> None:
+    """Stop a client that never connected, however long its connection thread takes."""
+    with contextlib.suppress(Exception):  # kazoo gives up on a thread stuck past its own limit
         client.stop()
         client.close()
-        raise ConnectError(f"cannot reach ZooKeeper at {hosts} within {timeout:g}s ({exc})") from None
-    return client
 
 
 _clients: dict[tuple[int, str], Any] = {}

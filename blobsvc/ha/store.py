@@ -20,9 +20,11 @@ between steps leaves an unreferenced object or ref (space, never a dangling name
 object goes when its last ref does. A key's bytes and refs share a directory so that one
 directory fsync makes a new object and its first ref durable together.
 
-Durability: a local directory writes a temporary file beside the final one, fsyncs it,
-renames it into place and fsyncs the directory. fsspec has neither fsync nor atomic rename
-(and S3 no rename at all), so there the final key is written directly and its size checked
+Durability: a local directory (a path, or a ``file://`` URL) writes a temporary file beside
+the final one, fsyncs it, renames it into place and fsyncs the directory, so a crash leaves
+no partial file under a final name; the next write of that object removes a crashed copy's
+temporary file. Other fsspec filesystems have neither fsync nor atomic rename (and
+S3 no rename at all), so there the final key is written directly and its size checked
 afterwards. Either way every read hashes the bytes and refuses a copy whose digest is not
 its key: a damaged copy is never served.
 """
@@ -49,6 +51,7 @@ __all__ = ["BlobStore", "FileSystemBlobStore", "VoidBlobStore", "open_blob_store
 CHUNK = 1 << 20
 _CONTENT_REF = "content"
 _DATA = "data"  # never a ref's name: refs are "content" or "<job hex>-<name hash hex>"
+_TEMP_PREFIX = ".tmp-"  # listings skip dot files
 
 Writer = Callable[[bytes], object]
 
@@ -123,9 +126,9 @@ class _Files(Protocol):
 class _LocalFiles:
     """A directory: temp file, fsync, rename, directory fsync."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, location: str | None = None) -> None:
         self.root = root
-        self.location = str(root)
+        self.location = location or str(root)
 
     def _path(self, path: str) -> Path:
         return self.root / path
@@ -136,7 +139,7 @@ class _LocalFiles:
         empty ``marker`` is created beside it before the directory is synced."""
         final = self._path(path)
         make_dirs(final.parent)
-        temp = final.parent / f".tmp-{secrets.token_hex(8)}"
+        temp = final.parent / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             yield temp
             fd = os.open(temp, os.O_RDONLY)
@@ -153,6 +156,11 @@ class _LocalFiles:
         _fsync_dir(final.parent)
 
     def write_file(self, path: str, source: Path, marker: str | None = None) -> None:
+        # A crashed copy's debris (a key's directory holds a few files: cheap to look). Safe
+        # to take: the key's lock orders its writes, and a deposed leader whose file goes was
+        # never going to be acknowledged.
+        for stale in self._path(path).parent.glob(f"{_TEMP_PREFIX}*"):
+            stale.unlink(missing_ok=True)
         with self._replacing(path, marker) as temp:
             shutil.copyfile(source, temp)
 
@@ -423,6 +431,11 @@ class FileSystemBlobStore:
 def open_blob_store(location: str | os.PathLike[str]) -> FileSystemBlobStore:
     """The store at a directory path or an fsspec URL (``file://``, ``memory://``, ``s3://`` …)."""
     text = str(location)
-    if "://" in text:
-        return FileSystemBlobStore(_FsspecFiles(text))
-    return FileSystemBlobStore(_LocalFiles(Path(text).expanduser()))
+    if "://" not in text:
+        return FileSystemBlobStore(_LocalFiles(Path(text).expanduser()))
+    from fsspec.implementations.local import LocalFileSystem
+
+    files = _FsspecFiles(text)
+    if isinstance(files.fs, LocalFileSystem):  # file://, local://: a directory, with rename and fsync
+        return FileSystemBlobStore(_LocalFiles(Path(files.root or "/"), location=text))
+    return FileSystemBlobStore(files)
