@@ -282,16 +282,22 @@ async def put(client: AsyncBlobClient, file: str, job: str | None, name: str | N
     callback=lambda ctx, param, value: _writable_destination(ctx, param, value),
     help="Where to write the blob ('-' is stdout).",
 )
+@click.option("--fsync", is_flag=True, help="Flush -o FILE to disk before it appears (survives a power loss).")
 @client_options
 @_client_command
-async def get(client: AsyncBlobClient, key: str | None, job: str | None, name: str | None, output: str) -> None:
+async def get(
+    client: AsyncBlobClient, key: str | None, job: str | None, name: str | None, output: str, fsync: bool
+) -> None:
     """Download a blob, by KEY or by --job and --name, verifying its digest.
 
-    With -o FILE the file appears only once complete and verified. To stdout the bytes are
-    written as they arrive (memory stays small however large the blob) and checked at the
-    end: a non-zero exit status means the output is incomplete or wrong; discard it.
+    With -o FILE the file appears only once complete and verified; like curl's, its bytes
+    are left to the page cache unless --fsync asks to wait for the disk. To stdout the bytes
+    are written as they arrive (memory stays small however large the blob) and checked at
+    the end: a non-zero exit status means the output is incomplete or wrong; discard it.
     """
     which = _blob_args(key, job, name)
+    if fsync and output == "-":
+        raise click.UsageError("--fsync needs -o FILE")
     if output == "-":
         sys.stdout.flush()
         await client.get_into(sys.stdout.buffer, **which)
@@ -299,7 +305,7 @@ async def get(client: AsyncBlobClient, key: str | None, job: str | None, name: s
         return
     size = (await client.stat(**which)).size if sys.stderr.isatty() else 0
     with _progress(size, "downloading") as progress:
-        await client.get_file(output, **which, progress=progress)
+        await client.get_file(output, **which, progress=progress, fsync=fsync)
 
 
 @main.command()

@@ -90,6 +90,7 @@ from ._protocol import (
 from ._threads import wait_out
 from .config import DEFAULT_PORT, parse_address
 from .ha.discovery import LeaderResolver, is_zk_url
+from .storage import _fsync_dir
 
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
 
@@ -313,11 +314,13 @@ class _MemorySink(_Sink):
 class _FileSink(_Sink):
     """Receives into a few buffers of ``BODY_BUFFER`` bytes that the worker hashes and
     writes (``os.pwrite``) in turn, so a download holds at most ``BODY_BUFFERS`` of them in
-    memory, whatever the blob's size. ``fd`` stays the caller's to close."""
+    memory, whatever the blob's size. With ``fsync`` the disk starts on each written piece
+    at once (the caller fsyncs at the end). ``fd`` stays the caller's to close."""
 
-    def __init__(self, fd: int, size: int = 0, hasher: Any = None) -> None:
+    def __init__(self, fd: int, size: int = 0, hasher: Any = None, *, fsync: bool = False) -> None:
         super().__init__(hasher, size)
         self.fd = fd
+        self.fsync = fsync
         self._offset = size  # where the buffer being filled goes in the file
         self._free: list[bytearray] = []
         self._busy: collections.deque[bytearray] = collections.deque()
@@ -353,7 +356,12 @@ class _FileSink(_Sink):
         (self._busy if queued else self._free).append(buffer)
 
     def _write(self, view: memoryview, *, offset: int) -> None:
-        _write_at(self.fd, view, offset=offset)
+        start, count = offset, len(view)
+        while view:
+            written = os.pwrite(self.fd, view, offset)
+            view, offset = view[written:], offset + written
+        if self.fsync:
+            _start_writeback(self.fd, start, count)
 
     async def digest(self) -> bytes:
         self._hand_over()
@@ -366,14 +374,6 @@ class _FileSink(_Sink):
         self._buffer, self._fill, self._offset = None, 0, 0
         os.ftruncate(self.fd, 0)
         await super().reset()
-
-
-def _write_at(fd: int, view: memoryview, *, offset: int) -> None:
-    start, count = offset, len(view)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-    _start_writeback(fd, start, count)
 
 
 def _writeback_starter() -> Callable[[int, int, int], None]:
@@ -530,16 +530,27 @@ class AsyncBlobClient:
         name: str | None = None,
         timeout: float | None = None,
         progress: Progress | None = None,
+        fsync: bool = False,
     ) -> BlobInfo:
         """Download a blob to ``dest``. The file appears only once complete and verified: it
-        is written beside ``dest`` under a temporary name and renamed into place."""
+        is written beside ``dest`` under a temporary name and renamed into place.
+
+        Like curl, wget and pip, this leaves the bytes to the kernel's page cache rather than
+        wait for the disk: no partial file is ever visible, and a crash of this process loses
+        nothing, but after a power loss or a kernel crash the file may be damaged or empty.
+        ``fsync=True`` makes the file durable before it is renamed into place, and its name
+        after (the directory is fsynced too); that costs the disk's write rate.
+        (:class:`~blobsvc.cache.BlobCache` rehashes what it downloaded in an earlier boot of
+        the host instead.)"""
         dest = Path(dest)
         fd, temp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
         try:
-            info = await self._fetch_to_fd(fd, 0, None, _target(key, job, name), timeout, progress)
+            info = await self._fetch_to_fd(fd, 0, None, _target(key, job, name), timeout, progress, fsync)
             os.close(fd)
             fd = -1
             os.replace(temp, dest)
+            if fsync:
+                await asyncio.to_thread(_fsync_dir, dest.parent)  # the name, as durable as the bytes
         except BaseException:
             if fd >= 0:
                 os.close(fd)
@@ -580,9 +591,11 @@ class AsyncBlobClient:
         name: str | None = None,
         timeout: float | None = None,
         progress: Progress | None = None,
+        fsync: bool = False,
     ) -> BlobInfo:
         """Download a blob into ``partial`` after the bytes it already holds, and verify the
-        whole file against the blob's digest.
+        whole file against the blob's digest; with ``fsync``, flush it to disk too (see
+        :meth:`get_file`).
 
         A failed download keeps what it received, so a later call (in this process or
         another: blobsvc's cache after a downloader died) resumes from there rather than
@@ -597,7 +610,7 @@ class AsyncBlobClient:
             prefix = blake3.blake3()
             if held:
                 await asyncio.to_thread(prefix.update_mmap, partial)
-            return await self._fetch_to_fd(fd, held, prefix, _target(key, job, name), timeout, progress)
+            return await self._fetch_to_fd(fd, held, prefix, _target(key, job, name), timeout, progress, fsync)
         finally:
             os.close(fd)
 
@@ -609,14 +622,17 @@ class AsyncBlobClient:
         target: ContentKey | JobBlob,
         timeout: float | None,
         progress: Progress | None,
+        fsync: bool,
     ) -> BlobInfo:
-        """GET into the file ``fd`` after its ``held`` bytes (hashed into ``prefix``), fsynced."""
-        sink = _FileSink(fd, held, prefix)
+        """GET into the file ``fd`` after its ``held`` bytes (hashed into ``prefix``); with
+        ``fsync``, flushed to disk."""
+        sink = _FileSink(fd, held, prefix, fsync=fsync)
         try:
             info = await self._fetch(target, sink, timeout, progress)
         finally:
             await sink.aclose()  # no thread may still write when the caller closes the file
-        await asyncio.to_thread(os.fsync, fd)
+        if fsync:
+            await asyncio.to_thread(os.fsync, fd)
         return info
 
     async def stat(

@@ -282,6 +282,66 @@ def test_check_rehashes_what_the_stamp_cannot_see_and_fix_leaves_no_warning(
     assert gets(server_thread) == 2
 
 
+def set_boot(cache: BlobCache, key: str, boot: str) -> None:
+    """Rewrite the boot id that the stamp of ``key`` records: how a test fakes a reboot of
+    the host (or a host crash) since the blob was verified."""
+    meta = cache.store.meta_dir / key
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "boot": boot}))
+
+
+def test_a_blob_verified_in_an_earlier_boot_is_rehashed_before_its_first_use(
+    open_cache: OpenCache, uploader: BlobClient, server_thread: ServerThread
+) -> None:
+    """Downloads are not fsynced, so a crash of the host may lose their bytes behind the
+    stamp's back. Without the scan at start, the first use must rehash: the sound blob and
+    the job blob are served with no request to the server, the damaged one is fetched again."""
+    sound, lost = os.urandom(MiB), os.urandom(MiB)
+    key, lost_key = uploader.put(sound), uploader.put(lost)
+    job = new_job_id()
+    uploader.put(sound, job=job, name="lib/app.jar")
+    cache = open_cache(verify_on_start=False)
+    cache.path(key)
+    cache.path(lost_key)
+    with cache.job(job) as blobs:
+        jar = blobs.path("lib/app.jar")
+    for each in (key, lost_key):
+        set_boot(cache, each, "an earlier boot")
+    overwrite(cache.store.content(lost_key), bytes(4096), keep_mtime=True)  # the writes the crash lost
+    requests = dict(server_thread.server.requests)
+    with cache.job(job) as blobs:
+        assert blobs.path("lib/app.jar") == jar
+    assert cache.path(key).read_bytes() == sound
+    assert server_thread.server.requests == requests
+    assert cache.path(lost_key).read_bytes() == lost
+    assert gets(server_thread) == requests["GET"] + 1
+    assert {json.loads((cache.store.meta_dir / each).read_text())["boot"] for each in (key, lost_key)} == {
+        cache.store.boot
+    }
+    assert cache.check() == []
+
+
+def test_a_download_is_fsynced_only_where_boots_cannot_be_told_apart(
+    open_cache: OpenCache, uploader: BlobClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the kernel's boot id the cache leaves downloads to the page cache; a host without
+    one (faked here by emptying the id the store read) gets every download fsynced."""
+    first, second = uploader.put(os.urandom(MiB)), uploader.put(os.urandom(MiB))
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recorded(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    cache = open_cache()
+    cache.path(first)
+    assert cache.store.boot and not [path for path in synced if first in path]
+    cache.store.boot = ""
+    cache.path(second)
+    assert [path for path in synced if f"partial/{second}" in path]
+
+
 def test_opening_a_cache_removes_abandoned_downloads_and_corrupt_files(
     open_cache: OpenCache, uploader: BlobClient, tmp_path: Path
 ) -> None:

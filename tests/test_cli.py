@@ -14,7 +14,7 @@ import blake3
 import pytest
 from click.testing import CliRunner
 
-from blobsvc import new_job_id
+from blobsvc import BlobClient, new_job_id
 from blobsvc.cli import main
 
 from .conftest import ServerProcess, ServerThread
@@ -32,6 +32,15 @@ def test_put_prints_the_key_and_get_writes_the_bytes(server_thread: ServerThread
     assert code == 0 and out.strip() == blake3.blake3(source.read_bytes()).hexdigest()
     code, _, _ = run("get", out.strip(), "-o", str(tmp_path / "copy.jar"), "-s", server_thread.address)
     assert code == 0 and (tmp_path / "copy.jar").read_bytes() == source.read_bytes()
+
+
+def test_get_fsync_writes_a_file_and_needs_one(server_thread: ServerThread, tmp_path: Path) -> None:
+    with BlobClient(server_thread.address) as client:
+        key = client.put(b"durable")
+    code, _, _ = run("get", key, "-o", str(tmp_path / "copy"), "--fsync", "-s", server_thread.address)
+    assert code == 0 and (tmp_path / "copy").read_bytes() == b"durable"
+    code, _, err = run("get", key, "--fsync", "-s", server_thread.address)
+    assert code == 2 and "--fsync needs -o FILE" in err
 
 
 def test_job_blobs_through_put_ls_stat_and_delete(server_thread: ServerThread, tmp_path: Path) -> None:

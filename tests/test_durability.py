@@ -137,6 +137,31 @@ async def test_get_file_never_shows_a_partial_destination(server: BlobServer, tm
     assert os.listdir(dest.parent) == ["app.jar"], "a temporary file was left"
 
 
+@pytest.mark.parametrize("fsync", [False, True])
+async def test_get_file_waits_for_the_disk_only_when_asked(
+    server: BlobServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
+) -> None:
+    """By default a download is left to the page cache (as curl leaves it); with ``fsync``
+    the file is fsynced before its rename and its directory after, so a power loss leaves
+    either no file or the whole one."""
+    async with AsyncBlobClient(server.address) as client:
+        key = await client.put(os.urandom(3 << 20))
+        out = tmp_path / "out"
+        out.mkdir()
+        log = CallLog(out)
+        for name, path_args in (("fsync", 1), ("replace", 2)):
+            monkeypatch.setattr(os, name, log.wrap(name, getattr(os, name), path_args))
+        await client.get_file(out / "app.jar", key, fsync=fsync)
+    mine = [call for call in log.calls if not call.paths[0].startswith("..")]  # not the server's
+    if not fsync:
+        assert [call.name for call in mine] == ["replace"], mine
+        return
+    synced = log.index("fsync", lambda paths: paths[0].startswith(".app.jar."))
+    renamed = log.index("replace", lambda paths: paths[1] == "app.jar")
+    directory = log.index("fsync", lambda paths: paths == (".",))
+    assert synced < renamed < directory, mine
+
+
 async def test_a_failed_get_file_leaves_neither_destination_nor_temporary(server: BlobServer, tmp_path: Path) -> None:
     async with AsyncBlobClient(server.address, retries=1, backoff=0.01) as client:
         key = await client.put(os.urandom(300_000))

@@ -57,7 +57,9 @@ class BlobCache:
     more attempts after a failure, ``backoff`` seconds doubling (with jitter) in between, and
     resume from the bytes already on disk.
     With ``verify_on_start``, opening the cache removes downloads nobody is finishing and
-    rehashes every file whose stamp is off or from before the host's last boot.
+    rehashes every file whose stamp is off or from before the host's last boot; without it,
+    such a file is rehashed at its first use. (Downloads are not fsynced: only a crash of
+    the host can lose their bytes, and it starts a new boot.)
     """
 
     def __init__(
@@ -157,15 +159,18 @@ class BlobCache:
         self.store.counters.add("misses")
         partial = self.store.reserve(key, size, self.max_bytes, wait=self._room_wait)
         held = os.stat(partial).st_size
+        # Not fsynced: a blob is rehashed before its first use in a later boot of the host
+        # (the page cache outlives any process). Without a boot id to tell, it must be.
+        fsync = not self.store.boot
         try:
-            info = self._client.resume_file(partial, **target)
+            info = self._client.resume_file(partial, **target, fsync=fsync)
         except (BadOffset, DigestMismatch):
             if not held:
                 raise
             # The bytes on disk were not this blob's beginning: once more, from zero.
             os.truncate(partial, 0)
             held = 0
-            info = self._client.resume_file(partial, **target)
+            info = self._client.resume_file(partial, **target, fsync=fsync)
         self.store.counters.add("bytes_fetched", info.size - held)
         if info.key != key:
             os.unlink(partial)

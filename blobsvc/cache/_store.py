@@ -85,8 +85,10 @@ class _RoomInFlight(CacheFull):
 
 
 def boot_id() -> str:
-    """Which boot of the host this is; a stamp from another boot is rehashed at start, since
-    a crash of the host is what loses writes behind a stamp's back. Empty when unknown."""
+    """Which boot of the host this is (the kernel's random id, new at every boot). Downloads
+    are not fsynced: a crash of the host is what loses their writes behind a stamp's back,
+    so a blob stamped in another boot is rehashed before it is used. Empty when unknown;
+    then every download is fsynced instead (see ``BlobCache``)."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -298,13 +300,14 @@ class CacheStore:
         os.replace(temp, self._meta(key))
 
     def _fresh(self, key: str, path: Path) -> bool:
-        """The cheap check of every access: the file is as it was when last verified."""
+        """The cheap check of every access: the file is as it was when last verified, and
+        that was in this boot of the host (whose page cache holds what was written since)."""
         try:
             st = os.stat(path)
         except FileNotFoundError:
             return False
         stamp = self._read_stamp(key)
-        return stamp is not None and stamp.matches(st)
+        return stamp is not None and stamp.boot == self.boot and stamp.matches(st)
 
     def _touch(self, key: str) -> bool:
         """Record an access, for LRU; False when the blob has just been removed."""
@@ -419,6 +422,13 @@ class CacheStore:
         key, path = keys[0].name, Path(files[0].path)
         if self._fresh(key, path) and self._touch(key):
             return path
+        if key_from_filename(key) is None:
+            return None
+        # Changed since verified, or verified in an earlier boot: rehash here, which needs
+        # no word from the server when the bytes are sound.
+        with self.key_lock(key), contextlib.suppress(FileNotFoundError):
+            if self.verify(key) and os.path.samefile(path, self.content(key)):
+                return path
         return None
 
     def link(self, job: str, name: str, key: str) -> Path:
