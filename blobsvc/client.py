@@ -55,6 +55,7 @@ from ._exceptions import (
 )
 from ._ids import JobLike, KeyLike, hash_file, job_bytes, key_bytes
 from ._netio import SocketStream, connect
+from ._pages import address_of, fresh_bytearray, prefault
 from ._protocol import (
     CLOSED,
     NEED_DATA,
@@ -101,6 +102,9 @@ BODY_BUFFER = 8 << 20
 BODY_BUFFERS = 3
 # A download into memory hands the hasher this much at a time.
 HASH_STEP = 8 << 20
+# A download into memory this large gets its pages made ready this far ahead of the socket.
+PREFAULT_LIMIT = 4 << 20
+PREFAULT_AHEAD = 32 << 20
 # An upload of bytes at hand goes out in pieces of this size: between two, the client looks
 # for an early refusal and reports progress.
 SEND_PIECE = 8 << 20
@@ -179,17 +183,18 @@ class _Channel:
 
 
 class _Worker:
-    """Runs jobs one at a time, in order, on a thread of its own, so that hashing and
-    writing one chunk of a download overlap with receiving the next. The thread starts with
-    the first job: small downloads never pay for it."""
+    """Runs jobs one at a time, in order, on a thread of its own, so that hashing (or
+    writing) one chunk of a download overlaps with receiving the next. The thread starts
+    with the first job: small downloads never pay for it."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self._name = name
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._jobs: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._jobs: collections.deque[asyncio.Future[object]] = collections.deque()
 
-    def submit(self, job: Callable[..., None], *args: Any) -> None:
+    def submit(self, job: Callable[..., object], *args: Any) -> None:
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsvc-download")
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self._name)
         self._jobs.append(asyncio.wrap_future(self._pool.submit(job, *args)))
 
     @property
@@ -222,14 +227,16 @@ class _Worker:
 class _Sink:
     """Where a GET's body goes: the socket is read straight into the sink's buffers
     (:meth:`room`, then :meth:`filled`), and a worker thread hashes what has arrived while
-    the loop receives more. ``size`` is what it holds, so that a retry resumes from there."""
+    the loop receives more, beside a second one that writes it out (or readies memory for
+    what is to come). ``size`` is what it holds, so that a retry resumes from there."""
 
     inline_limit = INLINE_HASH_LIMIT
 
     def __init__(self, hasher: Any = None, size: int = 0) -> None:
         self.size = size
         self._hasher = blake3.blake3() if hasher is None else hasher
-        self._worker = _Worker()
+        self._hashing = _Worker("blobsvc-hash")
+        self._moving = _Worker("blobsvc-write")
 
     def begin(self, total: int) -> None:
         """The announced size of the whole blob; ``size`` bytes of it are held already."""
@@ -254,48 +261,63 @@ class _Sink:
 
     async def digest(self) -> bytes:
         """The BLAKE3 of every byte held, once all of them are hashed (and written)."""
-        await self._worker.wait_all()
+        await self._wait_all()
         digest = self._hasher.digest()
         assert isinstance(digest, bytes)
         return digest
 
     async def reset(self) -> None:
-        await self._worker.wait_all()
+        await self._wait_all()
         self._hasher = blake3.blake3()
         self.size = 0
 
     async def aclose(self) -> None:
-        await self._worker.aclose()
+        try:
+            await self._hashing.aclose()
+        finally:
+            await self._moving.aclose()
 
-    def _hash_then(self, step: Callable[[memoryview], None] | None, view: memoryview) -> bool:
-        """Feed ``view`` to the hasher, then ``step``: on the worker for large pieces (BLAKE3
-        releases the GIL), inline for small ones, which a thread hop would cost more than it
-        saves. Whether it went to the worker."""
+    async def _wait_all(self) -> None:
+        await self._hashing.wait_all()
+        await self._moving.wait_all()
 
-        def job() -> None:
+    def _take(self, view: memoryview, step: Callable[[memoryview], None] | None = None) -> bool:
+        """Feed ``view`` to the hasher and to ``step`` (a write), each on its own worker for
+        large pieces, so that hashing, writing and receiving the next piece all overlap
+        (BLAKE3 and ``pwrite`` release the GIL); inline for small ones, which a thread hop
+        would cost more than it saves. Whether they went to the workers."""
+        if len(view) < self.inline_limit and not self._hashing.queued and not self._moving.queued:
             self._hasher.update(view)
             if step is not None:
                 step(view)
-
-        if len(view) < self.inline_limit and not self._worker.queued:
-            job()
             return False
-        self._worker.submit(job)
+        self._hashing.submit(self._hasher.update, view)
+        if step is not None:
+            self._moving.submit(step, view)
         return True
 
 
 class _MemorySink(_Sink):
-    """Receives into one ``bytearray`` of the announced size: no copy, no reallocation."""
+    """Receives into one ``bytearray`` of the announced size: no copy, no reallocation. A
+    large one is allocated without zeroing its pages, and the second worker touches them
+    (``PREFAULT_AHEAD`` bytes ahead of the socket) while the loop receives: see ``_pages``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.data = bytearray()
         self._hashed = 0
+        self._address = 0  # of a large blob's bytes, whose pages are made ready ahead
+        self._ready = 0  # bytes up to here have their pages made ready, or asked to be
 
     def begin(self, total: int) -> None:
         if len(self.data) != total:
             assert self.size == 0, "a blob of another size is started over with reset()"
-            self.data = bytearray(total)
+            if total < PREFAULT_LIMIT:
+                self.data = bytearray(total)
+            else:
+                self.data = fresh_bytearray(total)  # every byte is received into before it is seen
+                self._address, self._ready = address_of(self.data), 0
+        self._ready_ahead()
 
     async def room(self, most: int) -> memoryview:
         return memoryview(self.data)[self.size : self.size + most]
@@ -303,8 +325,18 @@ class _MemorySink(_Sink):
     async def filled(self, count: int) -> None:
         self.size += count
         if self.size - self._hashed >= HASH_STEP or self.size == len(self.data):
-            self._hash_then(None, memoryview(self.data)[self._hashed : self.size])
+            self._take(memoryview(self.data)[self._hashed : self.size])
             self._hashed = self.size
+            self._ready_ahead()
+
+    def _ready_ahead(self) -> None:
+        if not self._address:
+            return
+        ahead = min(len(self.data), self.size + PREFAULT_AHEAD)
+        while self._ready < ahead:
+            step = min(HASH_STEP, ahead - self._ready)
+            self._moving.submit(prefault, self._address + self._ready, step)
+            self._ready += step
 
     async def reset(self) -> None:
         await super().reset()
@@ -334,7 +366,8 @@ class _FileSink(_Sink):
     async def room(self, most: int) -> memoryview:
         if self._buffer is None:
             if not self._free and len(self._busy) + 1 >= BODY_BUFFERS:
-                await self._worker.wait_oldest()
+                await self._hashing.wait_oldest()
+                await self._moving.wait_oldest()
                 self._free.append(self._busy.popleft())
             # A small blob gets a buffer of its size, not 8 MiB.
             self._buffer = self._free.pop() if self._free else bytearray(min(BODY_BUFFER, self._total - self.size))
@@ -352,7 +385,7 @@ class _FileSink(_Sink):
         if buffer is None or not count:
             return
         self._buffer, self._fill, self._offset = None, 0, offset + count
-        queued = self._hash_then(functools.partial(self._write, offset=offset), memoryview(buffer)[:count])
+        queued = self._take(memoryview(buffer)[:count], functools.partial(self._write, offset=offset))
         (self._busy if queued else self._free).append(buffer)
 
     def _write(self, view: memoryview, *, offset: int) -> None:
@@ -368,7 +401,7 @@ class _FileSink(_Sink):
         return await super().digest()
 
     async def reset(self) -> None:
-        await self._worker.wait_all()
+        await self._wait_all()
         self._free.extend(self._busy)
         self._busy.clear()
         self._buffer, self._fill, self._offset = None, 0, 0
@@ -407,7 +440,7 @@ class _StreamSink(_FileSink):
         self.stream.write(view)
 
     async def reset(self) -> None:
-        await self._worker.wait_all()
+        await self._wait_all()
         raise DigestMismatch(
             f"the {self.size} bytes written so far are not of the blob now stored (it changed or arrived "
             "damaged), and a stream cannot start over: discard them"
@@ -490,7 +523,19 @@ class AsyncBlobClient:
         if (job is None) != (name is None):
             raise InvalidArgument("a job-scoped blob needs both job and name")
         target = JobBlob(job_bytes(job), name) if job is not None and name is not None else None
-        opener = _SourceOpener(source)
+        return await self._upload(source, target, timeout, progress)
+
+    async def _upload(
+        self,
+        source: Source,
+        target: JobBlob | None,
+        timeout: float | None,
+        progress: Progress | None,
+        digest: bytes | None = None,
+    ) -> str:
+        """PUT ``source``; a ``digest`` known already is sent as the trailer instead of
+        hashing the bytes again (the server still hashes them, and refuses a mismatch)."""
+        opener = _SourceOpener(source, digest)
         timeout = self.timeout if timeout is None else timeout
 
         async def attempt(channel: _Channel) -> str:
@@ -683,17 +728,20 @@ class AsyncBlobClient:
         """Store the file at ``path`` as ``name`` of ``job``, uploading its bytes only when the
         server lacks them: the file is hashed here and LINKed; on NOT_FOUND its bytes are PUT
         as a content-addressed blob, which outlives the job (the next run of a pipeline links
-        it again), and LINKed. A ``key`` known already (from a digest remembered by the
-        caller) saves the hashing; an upload whose bytes do not hash to it raises
-        :class:`DigestMismatch`. Returns the blob and whether its bytes were sent."""
+        it again), and LINKed. The upload sends the key as its digest rather than hash the
+        file once more; the server hashes what it receives. A ``key`` known already (from a
+        digest remembered by the caller) saves the hashing here; an upload whose bytes do not
+        hash to it raises :class:`DigestMismatch` and stores nothing. Returns the blob and
+        whether its bytes were sent."""
         key = key_bytes(key) if key is not None else await asyncio.to_thread(hash_file, Path(path))
         try:
             return await self.link(key, job=job, name=name, timeout=timeout), False
         except NotFound:
             pass
-        uploaded = await self.put(path, timeout=timeout, progress=progress)
-        if uploaded != key.hex():
-            raise DigestMismatch(f"{path} does not hash to {key.hex()} (changed while it was published?)")
+        try:
+            await self._upload(Path(path), None, timeout, progress, digest=key)
+        except DigestMismatch as exc:
+            raise DigestMismatch(f"{path} does not hash to {key.hex()} (changed while it was published?)") from exc
         return await self.link(key, job=job, name=name, timeout=timeout), True
 
     async def list(self, job: JobLike, *, timeout: float | None = None) -> list[BlobInfo]:
@@ -952,10 +1000,13 @@ class _StreamBody(_Body):
 class _WholeBody(_Body):
     """Bytes all at hand, in memory or in a file (``fd``, sent with ``os.sendfile``: no
     copy through Python). A worker thread hashes them while they are sent, so the digest
-    the trailer needs is ready about when the last byte has gone."""
+    the trailer needs is ready about when the last byte has gone; a ``digest`` known
+    already (``put_file`` hashed the file to look for it on the server) is sent as it is."""
 
-    def __init__(self, length: int, *, view: memoryview | None = None, fd: int = -1) -> None:
-        self.length, self._view, self._fd = length, view, fd
+    def __init__(
+        self, length: int, *, view: memoryview | None = None, fd: int = -1, digest: bytes | None = None
+    ) -> None:
+        self.length, self._view, self._fd, self._digest = length, view, fd, digest
         self._hashing: asyncio.Future[bytes] | None = None
 
     def _hash(self) -> bytes:
@@ -978,7 +1029,7 @@ class _WholeBody(_Body):
         return digest
 
     async def send(self, channel: _Channel, timeout: float, stop: Callable[[], bool]) -> AsyncGenerator[int, None]:
-        if self.length >= INLINE_HASH_LIMIT:
+        if self.length >= INLINE_HASH_LIMIT and self._digest is None:
             self._hashing = asyncio.ensure_future(asyncio.to_thread(self._hash))
         for offset in range(0, self.length, SEND_PIECE):
             if stop():
@@ -992,6 +1043,8 @@ class _WholeBody(_Body):
             yield count
 
     async def digest(self) -> bytes:
+        if self._digest is not None:
+            return self._digest
         if self._hashing is None:
             return self._hash()
         return await self._hashing
@@ -1005,10 +1058,12 @@ class _WholeBody(_Body):
 
 
 class _SourceOpener:
-    """Opens an upload source afresh for each attempt, as ``(length, body)``."""
+    """Opens an upload source afresh for each attempt, as ``(length, body)``; ``digest``
+    is the BLAKE3 of a path or bytes when the caller knows it."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, digest: bytes | None = None) -> None:
         self.source = source
+        self.digest = digest
         self.stream: IO[bytes] | None = None
         if not isinstance(source, bytes | bytearray | memoryview | str | os.PathLike):
             self.stream = source
@@ -1036,7 +1091,7 @@ class _SourceOpener:
         elif isinstance(source, str | os.PathLike):
             fd = os.open(source, os.O_RDONLY)
             try:
-                body = _WholeBody(os.fstat(fd).st_size, fd=fd)
+                body = _WholeBody(os.fstat(fd).st_size, fd=fd, digest=self.digest)
                 try:
                     yield body.length, body
                 finally:
@@ -1046,7 +1101,7 @@ class _SourceOpener:
         else:
             assert isinstance(source, bytes | bytearray | memoryview)
             view = memoryview(source).cast("B")
-            yield len(view), _WholeBody(len(view), view=view)
+            yield len(view), _WholeBody(len(view), view=view, digest=self.digest)
 
 
 async def _spool(stream: IO[bytes]) -> IO[bytes]:

@@ -8,7 +8,8 @@ from pathlib import Path
 import blake3
 import pytest
 
-from blobsvc import AsyncBlobClient, BlobServer, NotFound, RemoteProtocolError
+from blobsvc import AsyncBlobClient, BlobServer, DigestMismatch, NotFound, RemoteProtocolError
+from blobsvc import client as client_module
 from blobsvc._protocol import (
     ClientConnection,
     ContentKey,
@@ -108,6 +109,34 @@ async def test_put_file_sends_bytes_only_when_the_server_lacks_them(server: Blob
         third, sent = await client.put_file(source, job=JOB, name="model.bin")
         assert (third.key, sent) == (key, False)
     assert server.requests["PUT"] == 1 and server.requests["LINK"] == 4
+
+
+async def test_put_file_hashes_new_bytes_once_and_a_stale_key_stores_nothing(
+    server: BlobServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digest ``put_file`` computed to look for the bytes is the upload's trailer: the
+    client does not hash the file a second time while sending it. The server still hashes
+    what it receives, so a key that is not the file's (the file changed since) is refused."""
+    source = tmp_path / "model.bin"
+    source.write_bytes(b"weights" * 100_000)  # large enough to be hashed on a thread
+    hashed: list[int] = []
+    real = client_module._WholeBody._hash
+
+    def counted(body: client_module._WholeBody) -> bytes:
+        hashed.append(body.length)
+        return real(body)
+
+    monkeypatch.setattr(client_module._WholeBody, "_hash", counted)
+    async with AsyncBlobClient(server.address, timeout=5.0) as client:
+        info, sent = await client.put_file(source, job=JOB, name="model.bin")
+        assert sent and info.key == blake3.blake3(source.read_bytes()).hexdigest()
+        assert hashed == []
+        stale = blake3.blake3(b"what the file held before").hexdigest()
+        with pytest.raises(DigestMismatch, match=r"model\.bin does not hash to"):
+            await client.put_file(source, job=OTHER_JOB, name="model.bin", key=stale)
+        with pytest.raises(NotFound):
+            await client.stat(job=OTHER_JOB, name="model.bin")
+    assert server.requests["PUT"] == 2
 
 
 async def test_link_of_unknown_key_is_not_found_and_keeps_the_connection(client: AsyncBlobClient) -> None:

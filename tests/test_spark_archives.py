@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from blobsvc import InvalidArgument
+from blobsvc.cache._store import boot_id
 from blobsvc.spark import UnsafeArchive
 from blobsvc.spark._archives import archive_kind, prune, remove_unpacked, unpack
 
@@ -134,7 +135,7 @@ def test_processes_unpacking_at_once_share_one_tree_and_a_killed_unpacker_leaves
     with multiprocessing.get_context("fork").Pool(4) as pool:
         trees = pool.starmap(_unpack_in_child, [(str(root), str(archive))] * 8)
     assert set(trees) == {str(root / "shared")}
-    assert sorted(p.name for p in root.iterdir()) == [".shared.lock", "shared"]
+    assert sorted(p.name for p in root.iterdir()) == [".shared.boot", ".shared.lock", "shared"]
     assert len(list((root / "shared").iterdir())) == 64
     remove_unpacked(root / "shared")
     assert not (root / "shared").exists()
@@ -149,4 +150,22 @@ def test_prune_removes_only_trees_whose_archive_left_the_cache(tmp_path: Path) -
     for key in ("kept", "evicted"):
         unpack(root, key, archive, "tar")
     assert prune(root, content) == ["evicted"]
-    assert sorted(p.name for p in root.iterdir()) == [".kept.lock", "kept"]
+    assert sorted(p.name for p in root.iterdir()) == [".kept.boot", ".kept.lock", "kept"]
+
+
+def test_a_tree_unpacked_in_an_earlier_boot_is_unpacked_again(tmp_path: Path) -> None:
+    """Trees are not fsynced, so a crash of the host may cut their files short. The test
+    fakes a reboot by rewriting the boot id recorded beside the tree."""
+    archive = tar(tmp_path / "a.tar", ("lib/x.py", b"x = 1\n"))
+    root = tmp_path / "unpacked"
+    tree = unpack(root, "k", archive, "tar")
+    inode = os.stat(tree / "lib" / "x.py").st_ino
+    assert unpack(root, "k", archive, "tar") == tree
+    assert os.stat(tree / "lib" / "x.py").st_ino == inode  # this boot's tree is used as it is
+    (root / ".k.boot").write_text("an earlier boot")
+    os.chmod(tree / "lib", 0o755)
+    os.chmod(tree / "lib" / "x.py", 0o644)
+    (tree / "lib" / "x.py").write_bytes(b"")  # what a crash of the host may leave
+    assert unpack(root, "k", archive, "tar") == tree
+    assert (tree / "lib" / "x.py").read_bytes() == b"x = 1\n"
+    assert (root / ".k.boot").read_text() == boot_id()

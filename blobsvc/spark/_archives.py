@@ -10,6 +10,10 @@ the next unpack removes.
 Unpacked trees are not counted in the cache's byte limit; each lives as long as its archive
 is in the cache, and :func:`prune` (run as each new tree is unpacked) removes the others.
 
+Like the cache's downloads, trees are not fsynced: ``<root>/.<key>.boot`` records the boot of
+the host they were unpacked in, and a tree of an earlier boot (whose files a crash of the host
+may have cut short) is unpacked afresh before its first use in this one.
+
 Every member is checked before a byte is written: an absolute path, a ``..`` component, a
 device or FIFO, or a link whose target lands outside the directory refuses the whole archive
 with :class:`UnsafeArchive`, and nothing is unpacked. Tar members are extracted with
@@ -31,6 +35,7 @@ from pathlib import Path
 
 from .._exceptions import BlobError, InvalidArgument
 from ..cache._lock import FileLock
+from ..cache._store import boot_id
 
 __all__ = ["ARCHIVE_SUFFIXES", "UnsafeArchive", "archive_kind", "prune", "remove_unpacked", "unpack"]
 
@@ -159,6 +164,7 @@ def prune(root: Path, content_dir: Path) -> list[str]:
         try:
             if not (content_dir / key).exists():
                 remove_unpacked(tree)
+                _boot_record(root, key).unlink(missing_ok=True)
                 removed.append(key)
             lock.unlink()
         finally:
@@ -166,16 +172,30 @@ def prune(root: Path, content_dir: Path) -> list[str]:
     return removed
 
 
+def _boot_record(root: Path, key: str) -> Path:
+    return root / f".{key}.boot"
+
+
+def _unpacked_in_this_boot(root: Path, key: str, boot: str) -> bool:
+    try:
+        return (root / key).is_dir() and _boot_record(root, key).read_text() == boot
+    except FileNotFoundError:
+        return False
+
+
 def unpack(root: Path, key: str, archive: Path, kind: str) -> Path:
     """The unpacked directory of ``archive`` (content ``key``) under ``root``, unpacking it
-    first when no process on this host has yet."""
-    final = root / key
-    if final.is_dir():
+    first when no process on this host has yet in this boot of the host."""
+    final, boot = root / key, boot_id()
+    if _unpacked_in_this_boot(root, key, boot):
         return final
     root.mkdir(parents=True, exist_ok=True)
     with _lock(root, key):
-        if final.is_dir():
+        if _unpacked_in_this_boot(root, key, boot):
             return final
+        # No process of an earlier boot is alive to use a tree of that boot.
+        _boot_record(root, key).unlink(missing_ok=True)
+        remove_unpacked(final)
         for leftover in root.glob(f"{_TEMP_PREFIX}{key}-*"):  # a killed unpacker's
             remove_unpacked(leftover)
         temp = root / f"{_TEMP_PREFIX}{key}-{secrets.token_hex(4)}"
@@ -187,4 +207,6 @@ def unpack(root: Path, key: str, archive: Path, kind: str) -> Path:
         except BaseException:
             remove_unpacked(temp)
             raise
+        # Written in place: a record cut short matches no boot, which only means "unpack again".
+        _boot_record(root, key).write_text(boot)
     return final
