@@ -181,7 +181,7 @@ def test_tasks_on_both_executors_get_every_kind_of_artifact_downloaded_once(
         assert not writable
     # One download per artifact for the whole host: 2 executors, 8 tasks, several workers.
     assert gets == 6
-    assert len(list((cluster.cache_dir / "unpacked").iterdir())) == 2  # env's tree and its lock
+    assert len(list((cluster.cache_dir / "unpacked").iterdir())) == 3  # env's tree, its lock and boot record
 
 
 def test_a_java_udf_from_a_shipped_jar_runs_on_the_executors(cluster: Cluster, artifacts: Artifacts) -> None:
