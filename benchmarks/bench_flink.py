@@ -15,8 +15,8 @@ store), another a Flink BlobClient; a ``blobsvc serve`` child process and blobsv
 one operation at a time, so that a busy moment of the machine hits both:
 
 * ``put``/``get`` of ``memory``: bytes in memory to the server, and back into new memory;
-* ``put``/``get`` of ``file``: a file to the server, and back into a file (blobsvc's
-  ``get_file`` fsyncs it; Flink's download does not, and its server fsyncs no PUT either);
+* ``put``/``get`` of ``file``: a file to the server, and back into a file (neither client
+  fsyncs a download; blobsvc's server fsyncs each PUT, Flink's none);
 
 for 4 KiB blobs (ops/s over one kept connection, p50/p99 latency) and for 64 MiB and 256 MiB
 blobs (MB/s with MB = 10**6 bytes, best and median of ``--repeat`` runs after one untimed run).
