@@ -36,8 +36,8 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ __all__ = ["Plan", "plot", "run", "steps", "table"]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SMALL_LIMIT = MiB  # blobs up to this size are measured in ops/s by the raw load generator
+MIN_SIZE = 8  # the load generator numbers each small blob in its first 8 bytes
 
 
 @dataclass
@@ -79,6 +80,19 @@ class Plan:
             fan_out_processes=2,
             fan_out_rounds=1,
             tmp_dir=tmp_dir,
+        )
+
+    def only(self, sizes: Sequence[int] = (), connections: Sequence[int] = ()) -> Plan:
+        """This plan cut down to ``sizes`` and ``connections`` (each: all of the plan's when
+        empty), to measure a few cells without the whole matrix. A cut-down plan leaves out
+        the fan-out, which is no cell of the matrix."""
+        if not sizes and not connections:
+            return self
+        return replace(
+            self,
+            sizes=tuple(sorted(set(sizes))) or self.sizes,
+            connections=tuple(sorted(set(connections))) or self.connections,
+            fan_out_processes=0,
         )
 
 

@@ -28,7 +28,7 @@ from ._logs import configure as configure_logs
 from ._logs import log_recovery
 from ._tls import client_context_for
 from .client import AsyncBlobClient, BlobInfo, Progress
-from .config import LOG_FORMATS, LOG_LEVELS, Settings
+from .config import LOG_FORMATS, LOG_LEVELS, Settings, parse_size
 from .http import blob_url
 from .metrics import MetricsUnavailable
 from .server import BlobServer
@@ -414,9 +414,33 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
 @click.option("--quick", is_flag=True, help="Tiny sizes and counts: proves the bench runs, measures little.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw the results into this PNG.")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), help="Parent of the bench's files [default: $TMPDIR].")
+@click.option(
+    "--size",
+    "sizes",
+    multiple=True,
+    metavar="SIZE",
+    callback=lambda ctx, param, values: _bench_sizes(ctx, param, values),
+    help="Measure only blobs of this size, such as 4KiB or 64MiB (repeatable) [default: the whole matrix].",
+)
+@click.option(
+    "--connections",
+    "connections",
+    multiple=True,
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Measure only with this many connections (repeatable) [default: 1, 8 and 32].",
+)
 @access_options
 @config_option
-def bench(server: str | None, quick: bool, plot_path: str | None, tmp_dir: str | None, **access: Any) -> None:
+def bench(
+    server: str | None,
+    quick: bool,
+    plot_path: str | None,
+    tmp_dir: str | None,
+    sizes: tuple[int, ...],
+    connections: tuple[int, ...],
+    **access: Any,
+) -> None:
     """Measure a server beside baselines taken in the same run on this machine.
 
     PUT and GET of 4 KiB, 1 MiB, 64 MiB and 512 MiB blobs over 1, 8 and 32 connections,
@@ -425,6 +449,8 @@ def bench(server: str | None, quick: bool, plot_path: str | None, tmp_dir: str |
     `blobsvc serve` on a temporary data directory and stops it at the end; with one, it
     deletes what it stored. --plot needs matplotlib (pip install 'blobsvc[bench]').
     --secret-file and the TLS options are for a --server that asks for them.
+    --size and --connections measure only those cells of the matrix (and no fan-out), for
+    example `blobsvc bench --size 4KiB --connections 32`.
     """
     from . import _measure
     from . import bench as benchmark
@@ -436,7 +462,7 @@ def bench(server: str | None, quick: bool, plot_path: str | None, tmp_dir: str |
     settings = load_settings(click.get_current_context(), access) if server is not None else None
     if settings is not None:
         _run(_check_access(settings))  # an empty secret file, TLS files that do not fit: before any work
-    plan = benchmark.Plan.quick(tmp_dir) if quick else benchmark.Plan(tmp_dir=tmp_dir)
+    plan = (benchmark.Plan.quick(tmp_dir) if quick else benchmark.Plan(tmp_dir=tmp_dir)).only(sizes, connections)
     records: list[dict[str, Any]] = []
 
     def emit(record: dict[str, Any]) -> None:
@@ -457,6 +483,22 @@ def bench(server: str | None, quick: bool, plot_path: str | None, tmp_dir: str |
 async def _check_access(settings: Settings) -> None:
     settings.secret()
     client_context_for(settings)
+
+
+def _bench_sizes(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[int, ...]:
+    from .bench import MIN_SIZE
+
+    sizes = []
+    for value in values:
+        try:
+            size = parse_size(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+        if size < MIN_SIZE:
+            message = f"{value!r} is smaller than the smallest blob the bench measures ({MIN_SIZE} bytes)"
+            raise click.BadParameter(message, ctx, param)
+        sizes.append(size)
+    return tuple(sizes)
 
 
 main.add_command(cache)

@@ -518,7 +518,7 @@ class _Connection(Connection):
         limit = self.settings.max_blob_size
         if request.length > limit:
             raise TooLarge(f"{request.length} bytes is over this server's limit of {limit}")
-        with self.storage.stage() as upload:
+        with self.storage.stage(request.length) as upload:
             try:
                 async with body_deadline(request.length, self.settings.io_timeout, ReadTimeout):
                     digest = await self._receive_body(upload)

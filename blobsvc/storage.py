@@ -51,6 +51,11 @@ __all__ = ["BlobStorage", "OpenBlob", "Publication", "RecoveryReport", "StagedUp
 # 32 connections make, few enough to cost nothing idle.
 FLUSH_THREADS = 16
 
+# Uploads announced at most this long are held in memory until published (see
+# StagedUpload): small PUTs are where the event loop's file system calls cost the most per
+# byte, and a few hundred of them in flight hold a few MiB.
+MEMORY_STAGING_LIMIT = 64 << 10
+
 _T = TypeVar("_T")
 
 _FULL_DISK = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -123,41 +128,84 @@ class StagedUpload:
 
     Use it as a context manager: leaving the block removes the staging file unless
     :meth:`BlobStorage.publish` moved it into place.
+
+    An upload made ``in_memory`` (a small one, see :data:`MEMORY_STAGING_LIMIT`) keeps its
+    bytes in memory and creates its staging file only when something needs it: :meth:`file`
+    or publication, on a worker thread. The event loop that receives
+    it then makes no file system call for it, and one refused or cut short creates no file.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, in_memory: bool = False) -> None:
         self.path = path
         self.size = 0
+        self.inode = 0
+        """The staging file's inode, known once :meth:`close` has run."""
         self._hasher = blake3.blake3()
-        with _disk_errors():
-            self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd: int | None = None
+        self._buffer: bytearray | None = bytearray() if in_memory else None
+        self._owns_path = False  # whether a file at self.path is ours to remove
+        if not in_memory:
+            self._create()
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
+    def _create(self) -> None:
+        with _disk_errors():
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._owns_path = True
+
+    def _write_file(self, data: bytes | bytearray | memoryview) -> None:
         assert self._fd is not None, "write after the upload was finished"
-        self._hasher.update(data)
         view = memoryview(data)
         with _disk_errors():
             while view:
                 view = view[os.write(self._fd, view) :]
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._hasher.update(data)
+        if self._buffer is not None:
+            self._buffer += data
+        else:
+            self._write_file(data)
         self.size += len(data)
 
     def digest(self) -> bytes:
         return self._hasher.digest()
 
-    def seal(self) -> None:
-        """Make the bytes durable before anyone can see them."""
+    def file(self) -> Path:
+        """The staging file, holding every byte written so far (not yet durable); an
+        upload held in memory is written out now. Blocks: call it off the event loop."""
+        if self._buffer is not None:
+            buffer, self._buffer = self._buffer, None
+            self._create()
+            self._write_file(buffer)
+        return self.path
+
+    def sync(self) -> None:
+        """Make the bytes written to :meth:`file` durable (the first half of sealing it)."""
         assert self._fd is not None
         with _disk_errors():
             os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Finish a synced upload: its file takes no more writes, and :attr:`inode` is known."""
+        assert self._fd is not None
+        with _disk_errors():
+            self.inode = os.fstat(self._fd).st_ino
         os.close(self._fd)
         self._fd = None
 
+    def placed(self) -> None:
+        """The staging file was renamed into place: no longer this upload's to remove."""
+        self._owns_path = False
+
     def discard(self) -> None:
+        self._buffer = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        if self._owns_path:
+            self._owns_path = False
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
 
     def __enter__(self) -> StagedUpload:
         return self
@@ -261,8 +309,11 @@ class BlobStorage:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def stage(self) -> StagedUpload:
-        return StagedUpload(self.layout.incoming / f"upload-{secrets.token_hex(8)}")
+    def stage(self, size: int | None = None) -> StagedUpload:
+        """A new upload; one announced (``size``) to be at most :data:`MEMORY_STAGING_LIMIT`
+        bytes is held in memory until it is published."""
+        in_memory = size is not None and size <= MEMORY_STAGING_LIMIT
+        return StagedUpload(self.layout.incoming / f"upload-{secrets.token_hex(8)}", in_memory=in_memory)
 
     def publish(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> bytes:
         """Verify ``upload`` against ``digest`` and make it visible under ``target``
@@ -280,8 +331,9 @@ class BlobStorage:
         records the calls and pins it):
 
         1. every upload whose bytes do not hash to its digest is refused alone;
-        2. the staging files of the rest are fsynced, in parallel: their bytes are on disk
-           before any name can reach them;
+        2. the staging files of the rest (those of uploads held in memory written now, one
+           by one) are fsynced, in parallel: their bytes are on disk before any name can
+           reach them;
         3. each is renamed into ``objects/`` and linked under its name, holding its key's
            (and job's) lock as :meth:`publish` always did, without fsync yet;
         4. every directory those names live in (``objects/`` included, also for a blob
@@ -304,8 +356,14 @@ class BlobStorage:
             else:
                 sealed.append(i)
         try:
-            with _disk_errors():
-                self._in_parallel(lambda i: batch[i].upload.seal(), sealed)
+            # Files are created one after another: creations in one directory take its lock
+            # in turn anyway, and threads waiting for it spin. The fsyncs wait on the disk
+            # together.
+            for i in sealed:
+                batch[i].upload.file()
+            self._in_parallel(lambda i: batch[i].upload.sync(), sealed)
+            for i in sealed:
+                batch[i].upload.close()
         except Exception as exc:
             for i in sealed:
                 batch[i].upload.discard()
@@ -404,14 +462,13 @@ class BlobStorage:
         if path.exists():
             return  # the same bytes are stored already; the staging copy goes with the upload
         os.rename(upload.path, path)
-        info = path.stat()
-        self._key_by_inode[info.st_ino] = key
-        self._count(1, info.st_size)
+        upload.placed()
+        self._key_by_inode[upload.inode] = key
+        self._count(1, upload.size)
 
     def _link_content(self, key: bytes) -> None:
-        path = self.layout.content(key)
-        if not path.exists():
-            os.link(self.layout.object(key), path)
+        with contextlib.suppress(FileExistsError):
+            os.link(self.layout.object(key), self.layout.content(key))
 
     def _link_job(self, key: bytes, target: JobBlob) -> bytes | None:
         """Link the object under the job name, atomically replacing an older blob of that

@@ -104,3 +104,35 @@ def test_bench_access_options_go_with_server(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["bench", "--quick", "--secret-file", str(tmp_path / "secret")])
     assert result.exit_code == 2
     assert "go with --server" in result.output
+
+
+def test_size_and_connections_measure_only_those_cells(tmp_path: Path) -> None:
+    args = ["bench", "--quick", "--tmp-dir", str(tmp_path), "--size", "4KiB", "--connections", "2"]
+    result = CliRunner().invoke(main, [*args, "--size", "4096"])  # the same size twice is one cell
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    cells = {(r["bench"], r["size"], r["connections"]) for r in records if "connections" in r}
+    assert cells == {("put", 4096, 2), ("get", 4096, 2), ("baseline_publish_4KiB", 4096, 2)}
+    assert not any(r["bench"] == "fan_out" for r in records)
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--size", "4 bytes"], "Invalid value for '--size': not a size: '4 bytes'"),
+        (["--size", "4"], "Invalid value for '--size': '4' is smaller than the smallest blob the bench measures"),
+        (["--connections", "0"], "Invalid value for '--connections': 0 is not in the range x>=1"),
+        (["--connections", "many"], "Invalid value for '--connections': 'many' is not a valid integer"),
+    ],
+)
+def test_a_bad_size_or_connection_count_is_a_one_line_usage_error(option: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["bench", *option])
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_help_names_the_cell_options() -> None:
+    result = CliRunner().invoke(main, ["bench", "--help"])
+    assert result.exit_code == 0
+    assert "--size SIZE" in result.output and "--connections N" in result.output

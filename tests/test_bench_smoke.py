@@ -107,3 +107,11 @@ def test_quick_ha_benchmark_times_failovers_and_compares_both_modes(tmp_path: Pa
     assert summary["put_4KiB_ratio"] > 0 and summary["put_8MiB_ratio"] > 0
     assert isinstance(records[-1]["targets_met"]["failover_worst_under_3s"], bool)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_quick_put_ab_benchmark_measures_both_trees_in_the_same_seconds(tmp_path: Path) -> None:
+    records = run_quick("benchmarks.bench_put_ab", "--tmp-dir", str(tmp_path), str(REPO), str(REPO))
+    puts = [record for record in records if record.get("bench") == "put_4KiB"]
+    assert len(puts) == 2 and all(record["ops"] > 0 and record["cpu_us"] > 0 for record in puts)
+    assert records[-1]["summary"]["median_cpu_us_per_put"][f"{REPO} x2"] > 0
+    assert list(tmp_path.iterdir()) == []

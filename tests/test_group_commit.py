@@ -88,16 +88,25 @@ def storage(tmp_path: Path) -> BlobStorage:
 
 
 def staged(
-    storage: BlobStorage, data: bytes, target: JobBlob | None = None, digest: bytes | None = None
+    storage: BlobStorage,
+    data: bytes,
+    target: JobBlob | None = None,
+    digest: bytes | None = None,
+    *,
+    in_memory: bool = False,
 ) -> Publication:
-    upload = storage.stage()
+    """A publication of ``data``; ``in_memory`` as the server stages a small PUT (its
+    announced length), else streamed to its staging file as a large one is."""
+    upload = storage.stage(len(data) if in_memory else None)
     upload.write(data)
     return Publication(upload, target, blake3.blake3(data).digest() if digest is None else digest)
 
 
 def test_a_batch_flushes_files_before_names_and_names_before_answering(storage: BlobStorage, disk: DiskCalls) -> None:
     blobs = [os.urandom(100) for _ in range(4)]
-    batch = [staged(storage, data, JobBlob(JOB, f"b{i}") if i % 2 else None) for i, data in enumerate(blobs)]
+    batch = [
+        staged(storage, data, JobBlob(JOB, f"b{i}") if i % 2 else None, in_memory=i < 2) for i, data in enumerate(blobs)
+    ]
     staging = [str(item.upload.path) for item in batch]
     results = storage.publish_batch(batch)
     disk.mark("answered")
@@ -146,7 +155,7 @@ def test_a_failed_directory_flush_fails_every_publication_of_the_batch(storage: 
 
 def test_a_failed_file_flush_fails_the_batch_before_any_name_appears(storage: BlobStorage, disk: DiskCalls) -> None:
     disk.fail_fsync = lambda path: "/incoming/" in path
-    batch = [staged(storage, os.urandom(64)) for _ in range(3)]
+    batch = [staged(storage, os.urandom(64), in_memory=i > 0) for i in range(3)]
     results = storage.publish_batch(batch)
     assert all(isinstance(result, OSError) for result in results)
     assert not any(call in {"rename", "link", "replace"} for call, _ in disk.calls)
@@ -154,6 +163,22 @@ def test_a_failed_file_flush_fails_the_batch_before_any_name_appears(storage: Bl
         with pytest.raises(NotFound):
             storage.open_blob(ContentKey(item.digest))
     assert os.listdir(storage.layout.incoming) == []
+
+
+def test_an_upload_held_in_memory_creates_its_staging_file_only_in_its_flush(
+    storage: BlobStorage, disk: DiskCalls
+) -> None:
+    abandoned = staged(storage, b"never published", in_memory=True)
+    refused = staged(storage, b"refused", digest=bytes(32), in_memory=True)
+    item = staged(storage, b"held in memory", in_memory=True)
+    assert os.listdir(storage.layout.incoming) == []  # nothing on disk while it is received
+    abandoned.upload.discard()
+    results = storage.publish_batch([item, refused])
+    assert results[0] == item.digest and isinstance(results[1], DigestMismatch)
+    assert disk.index("fsync", item.upload.path) < disk.index("rename", storage.layout.object(item.digest))
+    assert os.listdir(storage.layout.incoming) == []
+    with storage.open_blob(ContentKey(item.digest)) as blob:
+        assert os.pread(blob.fd, blob.size, 0) == b"held in memory"
 
 
 def test_a_wrong_digest_refuses_that_upload_alone(storage: BlobStorage) -> None:

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from blobsvc import AsyncBlobClient, BlobServer, Busy, NotFound, Settings
 from blobsvc._protocol import ClientConnection, ContentKey, GetRequest, Hello, PutRequest
 from blobsvc.cli import main
+from blobsvc.storage import MEMORY_STAGING_LIMIT
 
 from .conftest import address_text
 
@@ -101,12 +102,12 @@ async def test_busy_refusals_are_counted(metered: Settings) -> None:
 
 
 async def start_upload(server: BlobServer, length: int, sent: bytes) -> asyncio.StreamWriter:
-    """A PUT of ``length`` bytes of which only ``sent`` have been sent, once the server stages it."""
+    """A PUT of ``length`` bytes of which only ``sent`` have been sent, once the server has it in hand."""
     _, writer = await asyncio.open_connection(*server.address)
     protocol = ClientConnection()
     writer.write(bytes(protocol.send(Hello())) + bytes(protocol.send(PutRequest(length))) + sent)
     await writer.drain()
-    await wait_until(lambda: server.status()["staging_files"] == 1)
+    await wait_until(lambda: server.status()["uploads_in_flight"] == 1)
     return writer
 
 
@@ -118,13 +119,18 @@ async def wait_until(condition: Callable[[], bool]) -> None:
     raise AssertionError("the server never got there")
 
 
-async def test_an_upload_in_flight_shows_as_an_upload_and_a_staging_file(metered: Settings) -> None:
+@pytest.mark.parametrize(("length", "files"), [(100, 0), (MEMORY_STAGING_LIMIT + 1, 1)])
+async def test_an_upload_in_flight_shows_as_an_upload_and_a_large_one_as_a_staging_file(
+    metered: Settings, length: int, files: int
+) -> None:
+    """A small upload is held in memory until it is published."""
     async with BlobServer(metered) as server:
-        writer = await start_upload(server, 100, b"half a body")
+        writer = await start_upload(server, length, b"half a body")
+        await wait_until(lambda: server.status()["staging_files"] == files)
         samples = await scrape_async(server)
         writer.close()
     assert value(samples, "blobsvc_uploads_in_flight") == 1
-    assert value(samples, "blobsvc_staging_files") == 1
+    assert value(samples, "blobsvc_staging_files") == files
 
 
 async def test_an_upload_cut_off_counts_as_a_bad_request_with_the_bytes_received(metered: Settings) -> None:

@@ -162,7 +162,9 @@ class ZooKeeperHA:
     async def store(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> None:
         if upload.digest() != digest:
             return  # publication refuses it, with the precise error
-        await asyncio.to_thread(self.blobs.put, upload.path, digest, target, self._election.token or 0)
+        token = self._election.token or 0
+        # upload.file(): a small upload held in memory is written to its staging file here.
+        await asyncio.to_thread(lambda: self.blobs.put(upload.file(), digest, target, token))
 
     async def link(self, source: Path, key: bytes, target: JobBlob) -> None:
         """Make a LINKed name durable: the HA store copies the bytes from ``source`` (the
