@@ -36,14 +36,16 @@ class GroupCommitter:
         self.batches = 0
         """Flushes run so far (for tests and operators: publications per flush)."""
 
-    async def publish(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> bytes:
-        """Publish like :meth:`BlobStorage.publish`, with whatever else is publishing now.
-        The caller must not discard ``upload`` before this returns, even when cancelled."""
+    def publish(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> asyncio.Future[bytes]:
+        """Publish like :meth:`BlobStorage.publish`, with whatever else is publishing now:
+        the future of the key. A future, not a coroutine, so that a PUT costs no task of its
+        own; wait for it with :func:`~blobsvc._threads.wait_out`, never cancel it: the
+        caller must not discard ``upload`` before it is done."""
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._queue.append((Publication(upload, target, digest), future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_all())
-        return await future
+        return future
 
     async def _flush_all(self) -> None:
         while self._queue:

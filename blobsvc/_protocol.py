@@ -681,6 +681,14 @@ class ServerConnection(_Receiver):
         """PUT body bytes still to come: the most a reader should fetch for this body."""
         return self._body_left if self.state is _ServerState.BODY else 0
 
+    @property
+    def body_buffered(self) -> bool:
+        """The rest of the PUT body and its trailer are buffered: receiving them waits for
+        nothing."""
+        if self.state is not _ServerState.BODY:
+            return False
+        return len(self._passthrough or b"") + len(self._buf) >= self._body_left + KEY_SIZE
+
     def next_event(self) -> ServerEvent | Signal:
         event = self._next()
         if event is NEED_DATA and self._eof:

@@ -519,12 +519,19 @@ class _Connection(Connection):
         if request.length > limit:
             raise TooLarge(f"{request.length} bytes is over this server's limit of {limit}")
         with self.storage.stage(request.length) as upload:
+            # A small body often came whole with its header: nothing to wait for, no timer.
+            deadline = (
+                contextlib.nullcontext()
+                if self.parser.body_buffered
+                else body_deadline(request.length, self.settings.io_timeout, ReadTimeout)
+            )
             try:
-                async with body_deadline(request.length, self.settings.io_timeout, ReadTimeout):
+                async with deadline:
                     digest = await self._receive_body(upload)
             finally:
                 self.moved = upload.size
-            await _finish(self.server.ha.store(upload, request.target, digest))
+            if self.server.ha.copies_uploads:
+                await _finish(self.server.ha.store(upload, request.target, digest))
             # Publication fsyncs, which can take milliseconds even for a tiny file: never on the
             # loop, and shared with the PUTs publishing at the same time.
             key = await _finish(self.server.committer.publish(upload, request.target, digest))

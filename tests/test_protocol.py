@@ -153,6 +153,23 @@ def test_trailing_bytes_of_the_next_request_are_left_for_it() -> None:
     assert server.trailing_data == (b"\x04", False)
 
 
+def test_a_put_body_is_buffered_only_once_its_trailer_is_too() -> None:
+    """What lets the server skip the body's deadline: nothing left to wait for."""
+    body = b"x" * 100
+    wire = encode_request(PutRequest(len(body))) + body + HELLO_KEY
+    server = server_after_hello()
+    server.receive_data(wire[:-1])
+    assert not server.body_buffered  # a header alone is no body
+    assert isinstance(server.next_event(), PutRequest)
+    assert not server.body_buffered  # one trailer byte still to come
+    server.receive_data(wire[-1:])
+    assert server.body_buffered
+    assert server.next_event() == Data(body)
+    assert server.body_buffered
+    assert server.next_event() == PutTrailer(HELLO_KEY)
+    assert not server.body_buffered
+
+
 def test_put_body_bytes_received_as_bytes_are_passed_on_without_a_copy() -> None:
     server = server_after_hello()
     server.receive_data(encode_request(PutRequest(1 << 20)))

@@ -51,6 +51,8 @@ class Standalone:
     """Recovery mode ``standalone``: one server, its local disk, no ZooKeeper."""
 
     mode = "standalone"
+    copies_uploads = False
+    """Whether :meth:`store` does anything: the server skips the call when it does not."""
 
     async def start(self, address: tuple[str, int], storage: BlobStorage) -> None:
         pass
@@ -87,6 +89,7 @@ class ZooKeeperHA:
     """Recovery mode ``zookeeper``: leader election, fencing, and a FileSystemBlobStore."""
 
     mode = "zookeeper"
+    copies_uploads = True
 
     def __init__(self, settings: Settings) -> None:
         if not settings.zookeeper or not settings.ha_dir:
