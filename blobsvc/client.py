@@ -15,7 +15,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import ctypes
 import enum
 import functools
 import io
@@ -89,6 +88,7 @@ from ._protocol import (
     WholeJob,
 )
 from ._threads import wait_out
+from ._writeback import start_writeback
 from .config import DEFAULT_PORT, parse_address
 from .ha.discovery import LeaderResolver, is_zk_url
 from .storage import _fsync_dir
@@ -394,7 +394,7 @@ class _FileSink(_Sink):
             written = os.pwrite(self.fd, view, offset)
             view, offset = view[written:], offset + written
         if self.fsync:
-            _start_writeback(self.fd, start, count)
+            start_writeback(self.fd, start, count)
 
     async def digest(self) -> bytes:
         self._hand_over()
@@ -407,22 +407,6 @@ class _FileSink(_Sink):
         self._buffer, self._fill, self._offset = None, 0, 0
         os.ftruncate(self.fd, 0)
         await super().reset()
-
-
-def _writeback_starter() -> Callable[[int, int, int], None]:
-    """``sync_file_range(SYNC_FILE_RANGE_WRITE)`` where Linux's libc has it: the disk starts
-    on each written piece while the next is received, so the fsync that ends a download
-    waits for the last piece rather than for the whole file. Elsewhere, nothing."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        sync_file_range = libc.sync_file_range
-        sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-        return lambda fd, offset, count: sync_file_range(fd, offset, count, _SYNC_FILE_RANGE_WRITE) and None
-    return lambda fd, offset, count: None
-
-
-_SYNC_FILE_RANGE_WRITE = 2
-_start_writeback = _writeback_starter()
 
 
 class _StreamSink(_FileSink):

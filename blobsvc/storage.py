@@ -44,12 +44,17 @@ from ._hotblobs import HotBlob, HotBlobs
 from ._ids import hash_file
 from ._layout import Layout, decode_name, key_from_filename
 from ._protocol import ContentKey, JobBlob, ListEntry, WholeJob
+from ._writeback import start_writeback
 
 __all__ = ["BlobStorage", "OpenBlob", "Publication", "RecoveryReport", "StagedUpload"]
 
-# Threads that fsync a batch's files and directories together: enough for the batches that
-# 32 connections make, few enough to cost nothing idle.
+# Threads that fsync files and directories for the process's flushes and LINKs: enough for
+# several of them at once, few enough to cost nothing idle.
 FLUSH_THREADS = 16
+# Threads one flush shares its fsyncs among. A thread per file (16 at 32 connections) cost
+# more CPU per PUT in wakeups and GIL handoffs than it saved in waiting; one thread alone
+# waited on the disk once per file (issue 9, benchmarks/RESULTS.md).
+FLUSH_WAYS = 4
 
 # Uploads announced at most this long are held in memory until published (see
 # StagedUpload): small PUTs are where the event loop's file system calls cost the most per
@@ -179,6 +184,11 @@ class StagedUpload:
             self._write_file(buffer)
         return self.path
 
+    def start_sync(self) -> None:
+        """Start writing the bytes written to :meth:`file` to disk, without waiting."""
+        assert self._fd is not None
+        start_writeback(self._fd, 0, 0)
+
     def sync(self) -> None:
         """Make the bytes written to :meth:`file` durable (the first half of sealing it)."""
         assert self._fd is not None
@@ -236,6 +246,11 @@ def _flush_pool() -> concurrent.futures.ThreadPoolExecutor:
         if not _flush_threads:
             _flush_threads.append(concurrent.futures.ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="flush"))
         return _flush_threads[0]
+
+
+def _each(work: Callable[[_T], object], items: Sequence[_T]) -> None:
+    for item in items:
+        work(item)
 
 
 def _done(results: list[bytes | Exception | None]) -> list[bytes | Exception]:
@@ -332,13 +347,13 @@ class BlobStorage:
 
         1. every upload whose bytes do not hash to its digest is refused alone;
         2. the staging files of the rest (those of uploads held in memory written now, one
-           by one) are fsynced, in parallel: their bytes are on disk before any name can
-           reach them;
+           by one, each one's writeback started at once) are fsynced, a few threads sharing
+           them: their bytes are on disk before any name can reach them;
         3. each is renamed into ``objects/`` and linked under its name, holding its key's
            (and job's) lock as :meth:`publish` always did, without fsync yet;
         4. every directory those names live in (``objects/`` included, also for a blob
            found already stored: another batch may not have flushed it yet) is fsynced
-           once, in parallel;
+           once, the same way;
         5. only then does any upload of the batch get its key; an error in 2 or 4 fails
            every upload it covers, since none of them is known to be durable.
 
@@ -357,10 +372,12 @@ class BlobStorage:
                 sealed.append(i)
         try:
             # Files are created one after another: creations in one directory take its lock
-            # in turn anyway, and threads waiting for it spin. The fsyncs wait on the disk
-            # together.
+            # in turn anyway, and threads waiting for it spin. Each file's writeback starts
+            # as soon as it is written, so the disk has the batch's bytes together before
+            # the first fsync waits, and a few threads waiting in turn suffice.
             for i in sealed:
                 batch[i].upload.file()
+                batch[i].upload.start_sync()
             self._in_parallel(lambda i: batch[i].upload.sync(), sealed)
             for i in sealed:
                 batch[i].upload.close()
@@ -398,15 +415,27 @@ class BlobStorage:
         return _done(results)
 
     def _in_parallel(self, work: Callable[[_T], object], items: Sequence[_T]) -> None:
-        """``work`` on every item, in parallel threads when there are several (fsyncs that
-        wait on the disk together finish together); the first error is raised after all."""
-        if len(items) <= 1:
-            for item in items:
-                work(item)
+        """``work`` on every item, shared among up to :data:`FLUSH_WAYS` threads (this one
+        among them), each doing its share in turn: fsyncs that wait on the disk together
+        finish together, and a thread per item would cost more in handoffs (and in the GIL
+        passed around) than it saves. The first error is raised after all are done."""
+        shares = [items[way::FLUSH_WAYS] for way in range(min(FLUSH_WAYS, len(items)))]
+        if not shares:
             return
         pool = _flush_pool()
-        for future in [pool.submit(work, item) for item in items]:
-            future.result()
+        futures = [pool.submit(_each, work, share) for share in shares[1:]]
+        error: Exception | None = None
+        try:
+            _each(work, shares[0])
+        except Exception as exc:
+            error = exc
+        for future in futures:
+            try:
+                future.result()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
 
     def _link(
         self, upload: StagedUpload, target: JobBlob | None, key: bytes, directories: dict[Path, None]
