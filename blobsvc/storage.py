@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import errno
+import itertools
 import os
 import secrets
 import shutil
@@ -140,21 +141,23 @@ class StagedUpload:
     it then makes no file system call for it, and one refused or cut short creates no file.
     """
 
-    def __init__(self, path: Path, *, in_memory: bool = False) -> None:
-        self.path = path
+    def __init__(self, path: Path | str, *, in_memory: bool = False) -> None:
+        self.location = os.fspath(path)
+        """The staging file's path, for system calls (a :class:`Path` costs a small PUT more
+        to make than to use)."""
         self.size = 0
         self.inode = 0
         """The staging file's inode, known once :meth:`close` has run."""
         self._hasher = blake3.blake3()
         self._fd: int | None = None
         self._buffer: bytearray | None = bytearray() if in_memory else None
-        self._owns_path = False  # whether a file at self.path is ours to remove
+        self._owns_path = False  # whether a file at self.location is ours to remove
         if not in_memory:
             self._create()
 
     def _create(self) -> None:
         with _disk_errors():
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self._fd = os.open(self.location, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._owns_path = True
 
     def _write_file(self, data: bytes | bytearray | memoryview) -> None:
@@ -174,6 +177,10 @@ class StagedUpload:
 
     def digest(self) -> bytes:
         return self._hasher.digest()
+
+    @property
+    def path(self) -> Path:
+        return Path(self.location)
 
     def file(self) -> Path:
         """The staging file, holding every byte written so far (not yet durable); an
@@ -215,7 +222,7 @@ class StagedUpload:
         if self._owns_path:
             self._owns_path = False
             with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+                os.unlink(self.location)
 
     def __enter__(self) -> StagedUpload:
         return self
@@ -310,6 +317,10 @@ class BlobStorage:
         self._usage_lock = threading.Lock()
         self._uncounted: set[int] = set()  # objects whose bytes usage() does not hold yet
         self.hot = HotBlobs()
+        # Staging file names: unique in this process by the counter, against another process
+        # on the same directory by the random part, and no random bytes to draw per upload.
+        self._staging_prefix = os.path.join(self.layout.incoming, f"upload-{secrets.token_hex(8)}-")
+        self._staged = itertools.count()
         """Small blobs recently read, for the server's GETs (see :mod:`blobsvc._hotblobs`)."""
 
     def usage(self) -> tuple[int, int]:
@@ -328,7 +339,7 @@ class BlobStorage:
         """A new upload; one announced (``size``) to be at most :data:`MEMORY_STAGING_LIMIT`
         bytes is held in memory until it is published."""
         in_memory = size is not None and size <= MEMORY_STAGING_LIMIT
-        return StagedUpload(self.layout.incoming / f"upload-{secrets.token_hex(8)}", in_memory=in_memory)
+        return StagedUpload(f"{self._staging_prefix}{next(self._staged)}", in_memory=in_memory)
 
     def publish(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> bytes:
         """Verify ``upload`` against ``digest`` and make it visible under ``target``
@@ -490,7 +501,7 @@ class BlobStorage:
         path = self.layout.object(key)
         if path.exists():
             return  # the same bytes are stored already; the staging copy goes with the upload
-        os.rename(upload.path, path)
+        os.rename(upload.location, path)
         upload.placed()
         self._key_by_inode[upload.inode] = key
         self._count(1, upload.size)
