@@ -4,7 +4,7 @@ Each small PUT used to pay its own fsyncs (its file, ``objects/``, its name's di
 three waits on the disk per request, one after the other. The :class:`GroupCommitter`
 queues the publications that arrive while a flush is under way and hands them to
 :meth:`BlobStorage.publish_batch` together once it ends, so that 32 PUTs in flight cost one
-round of parallel fsyncs instead of 32 rounds. Nothing waits for a batch to fill: a lone PUT
+round of fsyncs instead of 32 rounds. Nothing waits for a batch to fill: a lone PUT
 is flushed at once, and batches grow only as large as the load makes them.
 
 Durability does not change: no PUT is answered before its bytes and its names are on disk
