@@ -205,7 +205,11 @@ class ServerProcess:
             self.command = [sys.executable, "-c", VARIANT_SERVER, str(inline_read_limit), *serve]
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=self._log)
+        # A fresh default server: settings the caller exported for its own servers
+        # (BLOBSVC_SECRET_FILE, BLOBSVC_TLS_CERT, ...) would give it a secret or TLS that
+        # ``access`` above does not know of.
+        env = {name: value for name, value in os.environ.items() if not name.startswith("BLOBSVC_")}
+        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=self._log, env=env)
         self.pid = self.process.pid
         try:
             self.port = self._wait_listening()

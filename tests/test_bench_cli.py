@@ -106,6 +106,18 @@ def test_bench_access_options_go_with_server(tmp_path: Path) -> None:
     assert "go with --server" in result.output
 
 
+def test_the_local_server_ignores_settings_exported_for_other_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user with BLOBSVC_SECRET_FILE exported for a cluster still measures a fresh default
+    server: the bench's own `serve` must not pick the secret up and then refuse the bench."""
+    (tmp_path / "secret").write_text("s\n")
+    monkeypatch.setenv("BLOBSVC_SECRET_FILE", str(tmp_path / "secret"))
+    args = ["bench", "--quick", "--tmp-dir", str(tmp_path), "--size", "4KiB", "--connections", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+
+
 def test_size_and_connections_measure_only_those_cells(tmp_path: Path) -> None:
     args = ["bench", "--quick", "--tmp-dir", str(tmp_path), "--size", "4KiB", "--connections", "2"]
     result = CliRunner().invoke(main, [*args, "--size", "4096"])  # the same size twice is one cell
