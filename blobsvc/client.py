@@ -88,10 +88,9 @@ from ._protocol import (
     WholeJob,
 )
 from ._threads import wait_out
-from ._writeback import start_writeback
+from ._writeback import fsync_dir, start_writeback
 from .config import DEFAULT_PORT, parse_address
 from .ha.discovery import LeaderResolver, is_zk_url
-from .storage import _fsync_dir
 
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
 
@@ -579,7 +578,7 @@ class AsyncBlobClient:
             fd = -1
             os.replace(temp, dest)
             if fsync:
-                await asyncio.to_thread(_fsync_dir, dest.parent)  # the name, as durable as the bytes
+                await asyncio.to_thread(fsync_dir, dest.parent)  # the name, as durable as the bytes
         except BaseException:
             if fd >= 0:
                 os.close(fd)

@@ -45,7 +45,7 @@ from ._hotblobs import HotBlob, HotBlobs
 from ._ids import hash_file
 from ._layout import Layout, decode_name, key_from_filename
 from ._protocol import ContentKey, JobBlob, ListEntry, WholeJob
-from ._writeback import start_writeback
+from ._writeback import fsync_dir, start_writeback
 
 __all__ = ["BlobStorage", "OpenBlob", "Publication", "RecoveryReport", "StagedUpload"]
 
@@ -78,14 +78,6 @@ def _disk_errors() -> Iterator[None]:
         raise
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def make_dirs(directory: Path) -> None:
     """``mkdir -p`` that also fsyncs each parent, so the new directories survive a crash."""
     if directory.is_dir():
@@ -93,7 +85,7 @@ def make_dirs(directory: Path) -> None:
     make_dirs(directory.parent)
     with contextlib.suppress(FileExistsError):
         directory.mkdir()
-    _fsync_dir(directory.parent)
+    fsync_dir(directory.parent)
 
 
 def _remove(path: Path) -> None:
@@ -316,11 +308,11 @@ class BlobStorage:
         self._usage = [0, 0]
         self._usage_lock = threading.Lock()
         self._uncounted: set[int] = set()  # objects whose bytes usage() does not hold yet
-        self.hot = HotBlobs()
         # Staging file names: unique in this process by the counter, against another process
         # on the same directory by the random part, and no random bytes to draw per upload.
         self._staging_prefix = os.path.join(self.layout.incoming, f"upload-{secrets.token_hex(8)}-")
         self._staged = itertools.count()
+        self.hot = HotBlobs()
         """Small blobs recently read, for the server's GETs (see :mod:`blobsvc._hotblobs`)."""
 
     def usage(self) -> tuple[int, int]:
@@ -414,7 +406,7 @@ class BlobStorage:
                 item.upload.discard()
         try:
             with _disk_errors():
-                self._in_parallel(_fsync_dir, list(directories))
+                self._in_parallel(fsync_dir, list(directories))
         except Exception as exc:
             for i in linked:
                 results[i] = exc
@@ -482,7 +474,7 @@ class BlobStorage:
             # Durable before the answer, as a PUT's names are (objects/ too: a PUT of this key
             # in flight may not have flushed it yet).
             parent = self.layout.job_blob(target.job, target.name).parent
-            self._in_parallel(_fsync_dir, [self.layout.objects, parent])
+            self._in_parallel(fsync_dir, [self.layout.objects, parent])
         if replaced is not None and replaced != key:
             self._collect(replaced)
         return size
@@ -592,7 +584,7 @@ class BlobStorage:
                 except FileNotFoundError:
                     return
                 self.hot.forget(target)
-                _fsync_dir(self.layout.cache)
+                fsync_dir(self.layout.cache)
                 self._collect_locked(target.key)
             return
         with self._jobs.hold(target.job):
@@ -609,7 +601,7 @@ class BlobStorage:
                 path.unlink()
             except FileNotFoundError:
                 return set()
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
             _prune_empty(path.parent, stop=job_dir.parent)
             return {key} if key else set()
         if not job_dir.exists():
@@ -619,7 +611,7 @@ class BlobStorage:
         # only staging debris, which the next start removes.
         doomed = self.layout.incoming / f"deleted-{job_dir.name}-{secrets.token_hex(4)}"
         os.rename(job_dir, doomed)
-        _fsync_dir(self.layout.root)
+        fsync_dir(self.layout.root)
         shutil.rmtree(doomed, ignore_errors=True)
         return {key for key in keys if key}
 
@@ -700,7 +692,7 @@ class BlobStorage:
                     report.bytes -= info.st_size
         report.objects = len(self._key_by_inode)
         for directory in (layout.root, layout.incoming, layout.objects, layout.cache):
-            _fsync_dir(directory)
+            fsync_dir(directory)
         with self._usage_lock:
             self._usage = [report.objects, report.bytes or 0]
             self._uncounted = set() if report.bytes is not None else set(self._key_by_inode)

@@ -44,7 +44,8 @@ import blake3
 
 from .._exceptions import DigestMismatch, NotFound, NotLeader
 from .._protocol import KEY_SIZE, ContentKey, JobBlob, WholeJob
-from ..storage import _fsync_dir, _LockTable, make_dirs
+from .._writeback import fsync_dir
+from ..storage import _LockTable, make_dirs
 
 __all__ = ["BlobStore", "FileSystemBlobStore", "VoidBlobStore", "open_blob_store"]
 
@@ -153,7 +154,7 @@ class _LocalFiles:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
     def write_file(self, path: str, source: Path, marker: str | None = None) -> None:
         # A crashed copy's debris (a key's directory holds a few files: cheap to look). Safe
@@ -174,7 +175,7 @@ class _LocalFiles:
         final = self._path(path)
         make_dirs(final.parent)
         final.touch()
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
     def chunks(self, path: str) -> Iterator[bytes]:
         with open(self._path(path), "rb") as f:
@@ -202,13 +203,13 @@ class _LocalFiles:
                 target.unlink()
         except (FileNotFoundError, OSError):
             return
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
 
     def move(self, path: str, new_path: str) -> None:
         final = self._path(new_path)
         make_dirs(final.parent)
         os.replace(self._path(path), final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
 
 class _FsspecFiles:
