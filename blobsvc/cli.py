@@ -80,11 +80,16 @@ def blob_options(
 
 
 def _run(coroutine: Coroutine[Any, Any, _T]) -> _T:
-    """Run a coroutine on uvloop when it is installed; errors end in one line: exit 2 for a
-    bad argument, 1 for anything else."""
+    """Run a coroutine on uvloop when it is installed, its errors in one line."""
+    with _one_line_errors(), asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(coroutine)
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """Errors end in one line: exit 2 for a bad argument, 1 for anything else."""
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            return runner.run(coroutine)
+        yield
     except InvalidArgument as exc:  # a malformed key, job id or name
         raise click.UsageError(str(exc)) from None
     except BlobError as exc:
@@ -461,7 +466,9 @@ def bench(
         raise click.UsageError("--secret-file and --tls-* go with --server: the bench's own server uses neither")
     settings = load_settings(click.get_current_context(), access) if server is not None else None
     if settings is not None:
-        _run(_check_access(settings))  # an empty secret file, TLS files that do not fit: before any work
+        with _one_line_errors():  # an empty secret file, TLS files that do not fit: before any work
+            settings.secret()
+            client_context_for(settings)
     plan = (benchmark.Plan.quick(tmp_dir) if quick else benchmark.Plan(tmp_dir=tmp_dir)).only(sizes, connections)
     records: list[dict[str, Any]] = []
 
@@ -478,11 +485,6 @@ def bench(
     if plot_path is not None:
         benchmark.plot(records, plot_path)
         click.echo(f"plot written to {plot_path}", err=True)
-
-
-async def _check_access(settings: Settings) -> None:
-    settings.secret()
-    client_context_for(settings)
 
 
 def _bench_sizes(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[int, ...]:
