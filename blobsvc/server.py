@@ -18,7 +18,8 @@ from hurting others:
   stream.
 
 Between requests a plain connection's task is parked: a reader callback answers GETs of hot
-small blobs on its own and wakes the task for anything else (:mod:`blobsvc._hotgets`).
+small blobs and small PUTs that arrived whole on its own, and wakes the task for anything
+else (:mod:`blobsvc._fastpath`).
 
 GET bodies go from the page cache to the socket with ``os.sendfile``. Blocking disk work
 that can take long (writing large chunks, fsync, deleting a job) runs in worker threads so
@@ -62,7 +63,7 @@ from ._exceptions import (
     TransportError,
     WriteTimeout,
 )
-from ._hotgets import HotGets
+from ._fastpath import FastPath
 from ._logs import log_request
 from ._netio import SocketStream, body_deadline, header_deadline
 from ._observe import ABORTED, RequestObserver, op_name
@@ -426,21 +427,21 @@ class _Connection(Connection):
         self.authenticated = nonce is None
         observers = self.server.observers
         # TLS connections are read by their task: the callback does not decrypt.
-        hot_gets = HotGets(self) if type(self.stream) is SocketStream else None
+        fast_path = FastPath(self) if type(self.stream) is SocketStream else None
         while not self.slots.closing:
-            event = await self._next_request(hot_gets)
+            event = await self._next_request(fast_path)
             if isinstance(event, Signal):  # CLOSED: the client hung up between requests
                 return
             self.busy, self.request, self.moved = True, event, 0
             began, outcome = time.perf_counter() if observers else 0.0, ABORTED
             try:
-                if hot_gets is not None and hot_gets.unsent is not None:
-                    await self._send_unsent(hot_gets)
+                if fast_path is not None and fast_path.unsent is not None:
+                    outcome = await self._send_unsent(fast_path)
                 else:
                     if not self.authenticated:
                         self._authenticate(event, nonce)
                     await self._dispatch(event)
-                outcome = 0
+                    outcome = 0
             except ServerError as exc:
                 outcome = exc.code
                 if not exc.keeps_connection:
@@ -597,22 +598,24 @@ class _Connection(Connection):
                     await self.stream.sendfile(blob.fd, request.offset, count, self.settings.io_timeout)
             self.moved = count
 
-    async def _next_request(self, hot_gets: HotGets | None) -> ServerEvent | Signal:
-        """The next request (or CLOSED) for this task, hot GETs answered by ``hot_gets``
-        meanwhile; ``idle_timeout`` bounds the wait for it."""
-        if hot_gets is not None:
-            event = await hot_gets.next_event()
+    async def _next_request(self, fast_path: FastPath | None) -> ServerEvent | Signal:
+        """The next request (or CLOSED) for this task, small requests answered by
+        ``fast_path`` meanwhile; ``idle_timeout`` bounds the wait for it."""
+        if fast_path is not None:
+            event = await fast_path.next_event()
             if event is not NEED_DATA:
                 return event
         return await self._next_event(self.settings.idle_timeout)
 
-    async def _send_unsent(self, hot_gets: HotGets) -> None:
-        """Finish a hot GET whose reply the socket did not take whole, under its body deadline."""
-        assert hot_gets.unsent is not None
-        rest, count, hot_gets.unsent = hot_gets.unsent, hot_gets.unsent_count, None
+    async def _send_unsent(self, fast_path: FastPath) -> int:
+        """Finish a reply of the reader callback the socket did not take whole, under its body
+        deadline; the outcome it answers."""
+        assert fast_path.unsent is not None
+        rest, count, fast_path.unsent = fast_path.unsent, fast_path.unsent_count, None
         async with body_deadline(count, self.settings.io_timeout, WriteTimeout):
             await self.stream.send_all(rest, self.settings.io_timeout)
         self.moved = count
+        return fast_path.unsent_outcome
 
     async def _next_event(self, timeout: float) -> ServerEvent | Signal:
         """The next frame, reading as needed; ``timeout`` bounds each wait for bytes, and a

@@ -53,6 +53,9 @@ class Standalone:
     mode = "standalone"
     copies_uploads = False
     """Whether :meth:`store` does anything: the server skips the call when it does not."""
+    confirms_acknowledgements = False
+    """Whether :meth:`acknowledge` asks anyone: when neither it nor :meth:`store` does, a
+    small PUT may be answered from the event loop's reader callback (:mod:`blobsvc._fastpath`)."""
 
     async def start(self, address: tuple[str, int], storage: BlobStorage) -> None:
         pass
@@ -90,6 +93,7 @@ class ZooKeeperHA:
 
     mode = "zookeeper"
     copies_uploads = True
+    confirms_acknowledgements = True
 
     def __init__(self, settings: Settings) -> None:
         if not settings.zookeeper or not settings.ha_dir:
