@@ -646,13 +646,16 @@ class _ServerState(enum.Enum):
     TRAILER = "TRAILER"
 
 
-# A GET by content key is the same bytes every time a blob is asked for, and frames are
-# immutable: the parsed frame is kept by its bytes, so a repeated GET costs a lookup, not a
-# parse. Bounded (emptied when full); shared by every connection, safe from any thread.
+# A GET by content key is the same bytes every time a blob is asked for, a content PUT's
+# header the same bytes for every blob of its length, and frames are immutable: the parsed
+# frame is kept by its bytes, so a repeated one costs a lookup, not a parse. Bounded
+# (emptied when full); shared by every connection, safe from any thread.
 _GET_BY_KEY = bytes([Op.GET, Addressing.CONTENT])
 _GET_BY_KEY_SIZE = len(_GET_BY_KEY) + KEY_SIZE + _U64.size
-_MAX_PARSED_GETS = 4096
-_parsed_gets: dict[bytes, GetRequest] = {}
+_PUT_BY_CONTENT = bytes([Op.PUT, Addressing.CONTENT])
+_PUT_BY_CONTENT_SIZE = len(_PUT_BY_CONTENT) + _U64.size
+_MAX_PARSED = 4096
+_parsed: dict[bytes, Request] = {}
 
 
 class ServerConnection(_Receiver):
@@ -729,23 +732,27 @@ class ServerConnection(_Receiver):
         if not buf:
             return NEED_DATA  # between requests, the common case: no parse attempt
         if buf.startswith(_GET_BY_KEY) and len(buf) >= _GET_BY_KEY_SIZE:
-            return self._get_by_key(bytes(buf[:_GET_BY_KEY_SIZE]))
-        frame = self._try(_read_request)
+            return self._parsed_once(_GET_BY_KEY_SIZE)
+        frame: Request | Signal
+        if buf.startswith(_PUT_BY_CONTENT) and len(buf) >= _PUT_BY_CONTENT_SIZE:
+            frame = self._parsed_once(_PUT_BY_CONTENT_SIZE)
+        else:
+            frame = self._try(_read_request)
         if isinstance(frame, PutRequest):
             self.state = _ServerState.BODY
             self._body_left = frame.length
         return frame
 
-    def _get_by_key(self, raw: bytes) -> GetRequest:
-        frame = _parsed_gets.get(raw)
+    def _parsed_once(self, size: int) -> Request:
+        """The request of the first ``size`` bytes buffered (a whole frame), from ``_parsed``."""
+        raw = bytes(self._buf[:size])
+        frame = _parsed.get(raw)
         if frame is None:
-            parsed = _read_request(_Cursor(bytearray(raw)))
-            assert isinstance(parsed, GetRequest)
-            frame = parsed
-            if len(_parsed_gets) >= _MAX_PARSED_GETS:
-                _parsed_gets.clear()
-            _parsed_gets[raw] = frame
-        del self._buf[:_GET_BY_KEY_SIZE]
+            frame = _read_request(_Cursor(bytearray(raw)))
+            if len(_parsed) >= _MAX_PARSED:
+                _parsed.clear()
+            _parsed[raw] = frame
+        del self._buf[:size]
         return frame
 
     def send(self, frame: ServerHello | Reply) -> bytes:

@@ -24,7 +24,15 @@ import uvloop
 
 from blobsvc import AsyncBlobClient, BlobServer, NotFound, Settings
 from blobsvc import server as server_module
-from blobsvc._protocol import ContentKey, GetRequest, PutRequest, ServerConnection, encode_request
+from blobsvc._protocol import (
+    ContentKey,
+    Data,
+    GetRequest,
+    PutRequest,
+    PutTrailer,
+    ServerConnection,
+    encode_request,
+)
 from blobsvc.ha import Standalone
 from blobsvc.storage import BlobStorage, Publication
 
@@ -524,6 +532,16 @@ def test_a_get_by_key_parses_the_same_from_its_cache() -> None:
     parser.next_event()
     first, second = parser.next_event(), parser.next_event()
     assert first == second == GetRequest(ContentKey(MISSING_KEY), 7)
+
+
+def test_a_content_put_header_parses_the_same_from_its_cache() -> None:
+    body = b"abc"
+    wire = HELLO + (encode_request(PutRequest(len(body))) + body + digest(body)) * 2
+    parser = ServerConnection()
+    parser.receive_data(wire)
+    parser.next_event()
+    events = [parser.next_event() for _ in range(6)]
+    assert events == [PutRequest(len(body)), Data(body), PutTrailer(digest(body))] * 2
 
 
 @pytest.mark.parametrize(
