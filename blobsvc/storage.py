@@ -5,8 +5,8 @@ The layout is drawn in :mod:`blobsvc._layout`. What this module promises, each p
 
 1. **Nothing partial is ever visible.** An upload is written to a staging file in
    ``incoming/`` while it is hashed; only when its digest matches the client's is it
-   fsynced, renamed into ``objects/`` and linked under its name, and the directories are
-   fsynced before :meth:`BlobStorage.publish` returns.
+   fsynced, linked into ``objects/`` and under its name, and the directories are fsynced
+   before :meth:`BlobStorage.publish` returns.
 2. **One copy per distinct content**, however many content-addressed or job-scoped names it
    has and however many uploads race to store it.
 3. **No staging file outlives its upload**: a failed, rejected or duplicate upload removes
@@ -67,15 +67,22 @@ _T = TypeVar("_T")
 _FULL_DISK = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
-@contextlib.contextmanager
-def _disk_errors() -> Iterator[None]:
-    """A full disk or quota is the client's INSUFFICIENT_STORAGE, not an internal error."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno in _FULL_DISK:
+class _DiskErrors:
+    """``with _disk_errors:`` makes a full disk or quota the client's INSUFFICIENT_STORAGE,
+    not an internal error. A class rather than a generator: it wraps the file system calls of
+    every small PUT, where a generator's frames cost more than the calls."""
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, OSError) and exc.errno in _FULL_DISK:
             raise InsufficientStorage(f"the server's disk is full: {exc.strerror}") from exc
-        raise
+
+
+_disk_errors = _DiskErrors()
 
 
 def make_dirs(directory: Path) -> None:
@@ -124,22 +131,28 @@ class _LockTable:
 class StagedUpload:
     """An upload in progress: a staging file that hashes everything written to it.
 
-    Use it as a context manager: leaving the block removes the staging file unless
-    :meth:`BlobStorage.publish` moved it into place.
+    Use it as a context manager: leaving the block removes the staging file; publication
+    links it into ``objects/`` first.
+
+    The staging file has a name from its first byte. An unnamed one (``O_TMPFILE``, linked
+    into ``objects/`` when published) would save a directory entry per upload, but its
+    fsync writes an inode without links, and only a journal ties the link made later to
+    the name: on a file system without one (ext4 made without a journal) a power cut could
+    leave the name pointing at an inode that e2fsck then deletes.
 
     An upload made ``in_memory`` (a small one, see :data:`MEMORY_STAGING_LIMIT`) keeps its
     bytes in memory and creates its staging file only when something needs it: :meth:`file`
-    or publication, on a worker thread. The event loop that receives
-    it then makes no file system call for it, and one refused or cut short creates no file.
+    or publication, on a worker thread. The event loop that receives it then makes no file
+    system call for it, and one refused or cut short creates no file.
     """
 
-    def __init__(self, path: Path | str, *, in_memory: bool = False) -> None:
-        self.location = os.fspath(path)
+    def __init__(self, path: str, *, in_memory: bool = False) -> None:
+        self.location = path
         """The staging file's path, for system calls (a :class:`Path` costs a small PUT more
         to make than to use)."""
         self.size = 0
         self.inode = 0
-        """The staging file's inode, known once :meth:`close` has run."""
+        """The staging file's inode, known once :meth:`seal` has run."""
         self._hasher = blake3.blake3()
         self._fd: int | None = None
         self._buffer: bytearray | None = bytearray() if in_memory else None
@@ -148,14 +161,14 @@ class StagedUpload:
             self._create()
 
     def _create(self) -> None:
-        with _disk_errors():
+        with _disk_errors:
             self._fd = os.open(self.location, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._owns_path = True
 
     def _write_file(self, data: bytes | bytearray | memoryview) -> None:
         assert self._fd is not None, "write after the upload was finished"
         view = memoryview(data)
-        with _disk_errors():
+        with _disk_errors:
             while view:
                 view = view[os.write(self._fd, view) :]
 
@@ -177,33 +190,34 @@ class StagedUpload:
     def file(self) -> Path:
         """The staging file, holding every byte written so far (not yet durable); an
         upload held in memory is written out now. Blocks: call it off the event loop."""
+        self.write_out()
+        return self.path
+
+    def write_out(self) -> None:
+        """Write an upload held in memory to its staging file, and start writing the file's
+        bytes to disk without waiting for them (the :meth:`seal` that follows waits less).
+        Blocks: call it off the event loop."""
         if self._buffer is not None:
             buffer, self._buffer = self._buffer, None
             self._create()
             self._write_file(buffer)
-        return self.path
-
-    def start_sync(self) -> None:
-        """Start writing the bytes written to :meth:`file` to disk, without waiting."""
         assert self._fd is not None
         start_writeback(self._fd, 0, 0)
 
-    def sync(self) -> None:
-        """Make the bytes written to :meth:`file` durable (the first half of sealing it)."""
+    def seal(self) -> None:
+        """Make every byte written durable and learn :attr:`inode`; the upload takes no more
+        writes. Blocks: call it off the event loop."""
         assert self._fd is not None
-        with _disk_errors():
+        with _disk_errors:
             os.fsync(self._fd)
-
-    def close(self) -> None:
-        """Finish a synced upload: its file takes no more writes, and :attr:`inode` is known."""
-        assert self._fd is not None
-        with _disk_errors():
             self.inode = os.fstat(self._fd).st_ino
-        os.close(self._fd)
-        self._fd = None
 
-    def placed(self) -> None:
-        """The staging file was renamed into place: no longer this upload's to remove."""
+    def place(self, directory: int, name: str) -> None:
+        """Move the sealed file to ``name`` in the open ``directory``, which must not have
+        it (:class:`FileExistsError`: then nothing changes). A link and an unlink rather
+        than a rename, which would replace a name already taken."""
+        os.link(self.location, name, dst_dir_fd=directory)
+        os.unlink(self.location)  # the object's link count counts its names only
         self._owns_path = False
 
     def discard(self) -> None:
@@ -223,6 +237,20 @@ class StagedUpload:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.discard()
+
+
+def _seal_share(uploads: Sequence[StagedUpload]) -> None:
+    """Seal one thread's share of a batch. Every file is written and its writeback started
+    before the first fsync waits, so that the disk gets them together."""
+    for upload in uploads:
+        upload.write_out()
+    for upload in uploads:
+        upload.seal()
+
+
+def _fsync_dirs(directories: Sequence[Path]) -> None:
+    for directory in directories:
+        fsync_dir(directory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,9 +275,17 @@ def _flush_pool() -> concurrent.futures.ThreadPoolExecutor:
         return _flush_threads[0]
 
 
-def _each(work: Callable[[_T], object], items: Sequence[_T]) -> None:
-    for item in items:
-        work(item)
+_NO_LOCK = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _open_dir(path: Path) -> Iterator[int]:
+    """A directory open for the ``*at`` calls of a batch, which then resolve no path."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _done(results: list[bytes | Exception | None]) -> list[bytes | Exception]:
@@ -301,7 +337,10 @@ class BlobStorage:
         # Which key each object inode holds: a job-scoped file is a hard link to its object,
         # so its inode says its digest without rehashing. Rebuilt from disk at every start.
         self._key_by_inode: dict[int, bytes] = {}
-        self._keys = _LockTable()
+        # A lock per first byte of the key, which BLAKE3 spreads evenly: as good as a lock per
+        # key while nothing holds two at once (nothing does), and a small PUT takes one
+        # without a table to keep. Jobs are few and their names are not spread: a table.
+        self._key_locks = [threading.Lock() for _ in range(256)]
         self._jobs = _LockTable()
         # Distinct blobs and their bytes, kept as objects come and go: counting is cheaper
         # than walking objects/ at every scrape of the metrics.
@@ -349,11 +388,11 @@ class BlobStorage:
         records the calls and pins it):
 
         1. every upload whose bytes do not hash to its digest is refused alone;
-        2. the staging files of the rest (those of uploads held in memory written now, one
-           by one, each one's writeback started at once) are fsynced, a few threads sharing
-           them: their bytes are on disk before any name can reach them;
-        3. each is renamed into ``objects/`` and linked under its name, holding its key's
-           (and job's) lock as :meth:`publish` always did, without fsync yet;
+        2. the staging files of the rest are sealed, a few threads sharing them (those of
+           uploads held in memory are written then): their bytes are on disk before any
+           name can reach them;
+        3. each is linked into ``objects/`` and under its name, holding its key's (and
+           job's) lock as :meth:`publish` always did, without fsync yet;
         4. every directory those names live in (``objects/`` included, also for a blob
            found already stored: another batch may not have flushed it yet) is fsynced
            once, the same way;
@@ -363,73 +402,67 @@ class BlobStorage:
         Blobs replaced under a job name are collected last.
         """
         results: list[bytes | Exception | None] = [None] * len(batch)
-        sealed: list[int] = []
+        matching: list[Publication] = []
         for i, item in enumerate(batch):
             key = item.upload.digest()
-            if key != item.digest:
-                item.upload.discard()
-                results[i] = DigestMismatch(
-                    f"the body hashes to {key.hex()} but the trailer says {item.digest.hex()}; nothing stored"
-                )
-            else:
-                sealed.append(i)
+            if key == item.digest:
+                matching.append(item)
+                continue
+            item.upload.discard()
+            results[i] = DigestMismatch(
+                f"the body hashes to {key.hex()} but the trailer says {item.digest.hex()}; nothing stored"
+            )
+        uploads = [item.upload for item in matching]
         try:
-            # Files are created one after another: creations in one directory take its lock
-            # in turn anyway, and threads waiting for it spin. Each file's writeback starts
-            # as soon as it is written, so the disk has the batch's bytes together before
-            # the first fsync waits, and a few threads waiting in turn suffice.
-            for i in sealed:
-                batch[i].upload.file()
-                batch[i].upload.start_sync()
-            self._in_parallel(lambda i: batch[i].upload.sync(), sealed)
-            for i in sealed:
-                batch[i].upload.close()
+            self._in_parallel(_seal_share, uploads)
         except Exception as exc:
-            for i in sealed:
-                batch[i].upload.discard()
-                results[i] = exc
-            return _done(results)
-        directories: dict[Path, None] = {}  # an ordered set
+            for upload in uploads:
+                upload.discard()
+            return _done([exc if result is None else result for result in results])
+        directories: dict[Path, None] = {self.layout.objects: None}  # an ordered set
         replaced: list[bytes] = []
         linked: list[int] = []
-        for i in sealed:
-            item = batch[i]
-            try:
-                with _disk_errors():
-                    old = self._link(item.upload, item.target, batch[i].digest, directories)
-                if old is not None and old != item.digest:
-                    replaced.append(old)
-                linked.append(i)
-            except Exception as exc:
-                results[i] = exc
-            finally:
-                item.upload.discard()
+        stored = [0, 0]  # objects and bytes new to the disk
+        with _open_dir(self.layout.objects) as objects, _open_dir(self.layout.cache) as cache:
+            for i, item in enumerate(batch):
+                if results[i] is not None:
+                    continue
+                try:
+                    with _disk_errors:
+                        old = self._link(item, objects, cache, directories, stored)
+                    if old is not None and old != item.digest:
+                        replaced.append(old)
+                    linked.append(i)
+                except Exception as exc:
+                    results[i] = exc
+                finally:
+                    item.upload.discard()
+        self._count(*stored)
+        flushed: Exception | None = None
         try:
-            with _disk_errors():
-                self._in_parallel(fsync_dir, list(directories))
+            with _disk_errors:
+                self._in_parallel(_fsync_dirs, list(directories))
         except Exception as exc:
-            for i in linked:
-                results[i] = exc
-        else:
-            for i in linked:
-                results[i] = batch[i].digest
+            flushed = exc
+        for i in linked:
+            results[i] = flushed or batch[i].digest
         for key in replaced:
             self._collect(key)
         return _done(results)
 
-    def _in_parallel(self, work: Callable[[_T], object], items: Sequence[_T]) -> None:
-        """``work`` on every item, shared among up to :data:`FLUSH_WAYS` threads (this one
-        among them), each doing its share in turn: fsyncs that wait on the disk together
-        finish together, and a thread per item would cost more in handoffs (and in the GIL
-        passed around) than it saves. The first error is raised after all are done."""
+    def _in_parallel(self, work: Callable[[Sequence[_T]], object], items: Sequence[_T]) -> None:
+        """``work`` on shares of ``items``, one share for each of up to :data:`FLUSH_WAYS`
+        threads (this one among them): fsyncs that wait on the disk together finish
+        together, and a thread per item would cost more in handoffs (and in the GIL passed
+        around) than it saves. The first error is raised after all are done."""
         shares = [items[way::FLUSH_WAYS] for way in range(min(FLUSH_WAYS, len(items)))]
         if not shares:
             return
         pool = _flush_pool()
-        futures = [pool.submit(_each, work, share) for share in shares[1:]]
+        futures = [pool.submit(work, share) for share in shares[1:]]
         error: Exception | None = None
         try:
-            _each(work, shares[0])
+            work(shares[0])
         except Exception as exc:
             error = exc
         for future in futures:
@@ -441,31 +474,44 @@ class BlobStorage:
             raise error
 
     def _link(
-        self, upload: StagedUpload, target: JobBlob | None, key: bytes, directories: dict[Path, None]
+        self, item: Publication, objects: int, cache: int, directories: dict[Path, None], stored: list[int]
     ) -> bytes | None:
-        """Rename a sealed upload into ``objects/`` and link it under ``target``; records
-        the directories to flush; returns the key the name held before, if any."""
-        directories[self.layout.objects] = None
+        """Link a sealed upload into ``objects`` (unless its bytes are there already) and
+        under its name; records the directories to flush and what was stored; returns the
+        key the name held before, if any."""
+        key, target = item.digest, item.target
+        name = key.hex()
         if target is None:
-            with self._keys.hold(key):
-                self._store_object(upload, key)
-                with self._collected_on_failure(key):
-                    self._link_content(key)
             directories[self.layout.cache] = None
-            return None
-        with self._jobs.hold(target.job), self._keys.hold(key):
-            self._store_object(upload, key)
-            with self._collected_on_failure(key):
-                replaced = self._link_job(key, target)
-        directories[self.layout.job_blob(target.job, target.name).parent] = None
-        return replaced
+        else:
+            directories[self.layout.job_blob(target.job, target.name).parent] = None
+        with self._jobs.hold(target.job) if target is not None else _NO_LOCK, self._key_locks[key[0]]:
+            try:
+                item.upload.place(objects, name)
+            except FileExistsError:
+                pass  # the same bytes are stored already; the staging copy goes with the upload
+            else:
+                self._key_by_inode[item.upload.inode] = key
+                stored[0] += 1
+                stored[1] += item.upload.size
+            try:
+                if target is None:
+                    with contextlib.suppress(FileExistsError):
+                        os.link(name, name, src_dir_fd=objects, dst_dir_fd=cache)
+                    return None
+                return self._link_job(key, target)
+            except BaseException:
+                # A name that could not be made (a full disk): drop the object again when no
+                # name has it, so that a refused PUT really stores nothing.
+                self._collect_locked(key)
+                raise
 
     def link(self, key: bytes, target: JobBlob) -> int:
         """Name content already stored (under any name) as ``target``, atomically replacing an
         older blob of that name, and return its size: publishing without the bytes.
         :class:`NotFound` when no name holds ``key``."""
         replaced = None
-        with _disk_errors(), self._jobs.hold(target.job), self._keys.hold(key):
+        with _disk_errors, self._jobs.hold(target.job), self._key_locks[key[0]]:
             try:
                 size = self.layout.object(key).stat().st_size
             except FileNotFoundError:
@@ -474,33 +520,10 @@ class BlobStorage:
             # Durable before the answer, as a PUT's names are (objects/ too: a PUT of this key
             # in flight may not have flushed it yet).
             parent = self.layout.job_blob(target.job, target.name).parent
-            self._in_parallel(fsync_dir, [self.layout.objects, parent])
+            self._in_parallel(_fsync_dirs, [self.layout.objects, parent])
         if replaced is not None and replaced != key:
             self._collect(replaced)
         return size
-
-    @contextlib.contextmanager
-    def _collected_on_failure(self, key: bytes) -> Iterator[None]:
-        """If linking a name fails (a full disk), drop the object again when no name has it,
-        so that a refused PUT really stores nothing. Use with the key's lock held."""
-        try:
-            yield
-        except BaseException:
-            self._collect_locked(key)
-            raise
-
-    def _store_object(self, upload: StagedUpload, key: bytes) -> None:
-        path = self.layout.object(key)
-        if path.exists():
-            return  # the same bytes are stored already; the staging copy goes with the upload
-        os.rename(upload.location, path)
-        upload.placed()
-        self._key_by_inode[upload.inode] = key
-        self._count(1, upload.size)
-
-    def _link_content(self, key: bytes) -> None:
-        with contextlib.suppress(FileExistsError):
-            os.link(self.layout.object(key), self.layout.content(key))
 
     def _link_job(self, key: bytes, target: JobBlob) -> bytes | None:
         """Link the object under the job name, atomically replacing an older blob of that
@@ -578,7 +601,7 @@ class BlobStorage:
     def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
         """Remove a name (or a whole job); what does not exist is already deleted."""
         if isinstance(target, ContentKey):
-            with self._keys.hold(target.key):
+            with self._key_locks[target.key[0]]:
                 try:
                     self.layout.content(target.key).unlink()
                 except FileNotFoundError:
@@ -616,7 +639,7 @@ class BlobStorage:
         return {key for key in keys if key}
 
     def _collect(self, key: bytes) -> None:
-        with self._keys.hold(key):
+        with self._key_locks[key[0]]:
             self._collect_locked(key)
 
     def _collect_locked(self, key: bytes) -> None:

@@ -4,8 +4,8 @@ Power loss cannot be shown by a real part in a test: what survives it depends on
 in which bytes and names reach the disk. So the storage tests here record the calls that
 matter (``os.write``, ``os.fsync``, ``os.rename``/``os.replace``/``os.link``, ``os.unlink``)
 with the file each one touched, and check their order: a staging file is fsynced before it
-is renamed into ``objects/``, and each directory that gained a name is fsynced after, before
-``publish`` returns. Everything else uses real parts: a real server, a real cut connection,
+is linked into ``objects/``, and each directory that gained a name is
+fsynced after, before ``publish`` returns. Everything else uses real parts: a real server, a real cut connection,
 bytes that really rot on the server's disk.
 """
 
@@ -42,13 +42,20 @@ class CallLog:
         self.root = root
         self.calls: list[Call] = []
 
-    def where(self, target: int | str | os.PathLike[str]) -> str:
-        path = os.readlink(f"/proc/self/fd/{target}") if isinstance(target, int) else os.fspath(target)
+    def where(self, target: int | str | os.PathLike[str], dir_fd: int | None) -> str:
+        if isinstance(target, int):
+            path = os.readlink(f"/proc/self/fd/{target}")
+        elif dir_fd is not None:
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), target)
+        else:
+            path = os.fspath(target)
         return os.path.relpath(path, self.root)
 
     def wrap(self, name: str, real: Callable[..., Any], path_args: int) -> Callable[..., Any]:
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append(Call(name, tuple(self.where(a) for a in args[:path_args])))
+            dir_fds = (kwargs.get("src_dir_fd", kwargs.get("dir_fd")), kwargs.get("dst_dir_fd"))[:path_args]
+            paths = tuple(self.where(a, fd) for a, fd in zip(args[:path_args], dir_fds, strict=True))
+            self.calls.append(Call(name, paths))
             return real(*args, **kwargs)
 
         return recorded
@@ -80,7 +87,7 @@ def publish(storage: BlobStorage, data: bytes, target: JobBlob | None = None) ->
         return storage.publish(upload, target, upload.digest())
 
 
-def test_a_content_blob_is_fsynced_before_its_rename_and_its_directories_after(
+def test_a_content_blob_is_fsynced_before_its_first_link_and_its_directories_after(
     storage: BlobStorage, calls: CallLog
 ) -> None:
     key = publish(storage, b"durable bytes").hex()
@@ -90,12 +97,12 @@ def test_a_content_blob_is_fsynced_before_its_rename_and_its_directories_after(
 
     written = calls.index("write", staged)
     synced = calls.index("fsync", staged)
-    renamed = calls.index("rename", lambda paths: staged(paths) and paths[1] == f"objects/{key}")
+    stored = calls.index("link", lambda paths: staged(paths) and paths[1] == f"objects/{key}")
     objects_synced = calls.index("fsync", lambda paths: paths == ("objects",))
     linked = calls.index("link", lambda paths: paths == (f"objects/{key}", f"cache/{key}"))
     cache_synced = calls.index("fsync", lambda paths: paths == ("cache",))
-    assert written < synced < renamed < objects_synced, calls.calls
-    assert renamed < linked < cache_synced, calls.calls
+    assert written < synced < stored < objects_synced, calls.calls
+    assert stored < linked < cache_synced, calls.calls
 
 
 def test_a_job_name_is_replaced_in_one_rename_never_unlinked_first(storage: BlobStorage, calls: CallLog) -> None:

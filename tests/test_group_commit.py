@@ -53,7 +53,8 @@ class DiskCalls:
 
         def recording_link(src: Any, dst: Any, **kwargs: Any) -> None:
             link(src, dst, **kwargs)
-            record("link", dst)
+            directory = kwargs.get("dst_dir_fd")
+            record("link", dst if directory is None else os.path.join(os.readlink(f"/proc/self/fd/{directory}"), dst))
 
         def recording_replace(src: Any, dst: Any, **kwargs: Any) -> None:
             replace(src, dst, **kwargs)
@@ -114,7 +115,7 @@ def test_a_batch_flushes_files_before_names_and_names_before_answering(storage: 
     keys = [blake3.blake3(data).digest() for data in blobs]
     assert results == keys
     names = [layout.content(k) if i % 2 == 0 else layout.job_blob(JOB, f"b{i}") for i, k in enumerate(keys)]
-    first_name_change = min(disk.index("rename", layout.object(k)) for k in keys)
+    first_name_change = min(disk.index("link", layout.object(k)) for k in keys)
     for path in staging:
         assert disk.index("fsync", path) < first_name_change  # every file's bytes before any name
     directories = {layout.objects, layout.cache, layout.job_blob(JOB, "b1").parent}
@@ -123,7 +124,7 @@ def test_a_batch_flushes_files_before_names_and_names_before_answering(storage: 
         flush = disk.last("fsync", directory)
         assert flush < answered
         for i, key in enumerate(keys):
-            assert disk.index("rename", layout.object(key)) < flush
+            assert disk.index("link", layout.object(key)) < flush
             if i % 2 == 0:
                 assert disk.index("link", names[i]) < flush
             else:
@@ -175,7 +176,7 @@ def test_an_upload_held_in_memory_creates_its_staging_file_only_in_its_flush(
     abandoned.upload.discard()
     results = storage.publish_batch([item, refused])
     assert results[0] == item.digest and isinstance(results[1], DigestMismatch)
-    assert disk.index("fsync", item.upload.path) < disk.index("rename", storage.layout.object(item.digest))
+    assert disk.index("fsync", item.upload.path) < disk.index("link", storage.layout.object(item.digest))
     assert os.listdir(storage.layout.incoming) == []
     with storage.open_blob(ContentKey(item.digest)) as blob:
         assert os.pread(blob.fd, blob.size, 0) == b"held in memory"
@@ -214,7 +215,7 @@ async def test_concurrent_puts_share_flushes_and_each_is_answered_after_its_flus
         flushes = [i for i, call in enumerate(disk.calls) if call == ("fsync", str(layout.cache))]
         assert any(linked < flush < answered for flush in flushes)
         assert any(
-            disk.index("rename", layout.object(bytes.fromhex(key))) < i < answered
+            disk.index("link", layout.object(bytes.fromhex(key))) < i < answered
             for i, call in enumerate(disk.calls)
             if call == ("fsync", str(layout.objects))
         )

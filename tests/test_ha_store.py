@@ -144,6 +144,20 @@ def test_a_local_directory_store_leaves_no_temporary_files(tmp_path: Path) -> No
     assert leftovers == []
 
 
+def test_a_crashed_name_record_write_leaves_no_debris_past_the_next_write(tmp_path: Path) -> None:
+    """A server killed while writing a job's name record leaves its temporary file behind
+    (written here as that crash leaves it); the next record written for the job removes it."""
+    store = open_blob_store(tmp_path / "ha")
+    path, key = _source(tmp_path, b"named")
+    store.put(path, key, JobBlob(JOB, "first"))
+    debris = tmp_path / "ha" / "jobs" / JOB.hex() / ".tmp-0123456789abcdef"
+    debris.write_bytes(f"{key.hex()}\n0\nnever acknowledged".encode())
+    assert sorted(store.names(JOB)) == ["first"]
+    store.put(path, key, JobBlob(JOB, "second"))
+    assert not debris.exists()
+    assert sorted(store.names(JOB)) == ["first", "second"]
+
+
 def test_fetching_into_local_storage_publishes_a_verified_blob(tmp_path: Path) -> None:
     """What a new leader's lazy recovery does: the HA copy goes through staging and publish."""
     store = open_blob_store(tmp_path / "ha")

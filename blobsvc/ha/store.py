@@ -137,9 +137,16 @@ class _LocalFiles:
     @contextlib.contextmanager
     def _replacing(self, path: str, marker: str | None = None) -> Iterator[Path]:
         """A temporary file to fill; on success it is synced and renamed to ``path``, and an
-        empty ``marker`` is created beside it before the directory is synced."""
+        empty ``marker`` is created beside it before the directory is synced.
+
+        The temporary files a crashed write left in that directory go first (a key's or a
+        job's directory holds a few files: cheap to look). Safe to take, since the caller
+        holds the lock that orders writes there (the key's or the job's), and a deposed
+        leader whose file goes was never going to be acknowledged."""
         final = self._path(path)
         make_dirs(final.parent)
+        for stale in final.parent.glob(f"{_TEMP_PREFIX}*"):
+            stale.unlink(missing_ok=True)
         temp = final.parent / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
             yield temp
@@ -157,11 +164,6 @@ class _LocalFiles:
         fsync_dir(final.parent)
 
     def write_file(self, path: str, source: Path, marker: str | None = None) -> None:
-        # A crashed copy's debris (a key's directory holds a few files: cheap to look). Safe
-        # to take: the key's lock orders its writes, and a deposed leader whose file goes was
-        # never going to be acknowledged.
-        for stale in self._path(path).parent.glob(f"{_TEMP_PREFIX}*"):
-            stale.unlink(missing_ok=True)
         with self._replacing(path, marker) as temp:
             shutil.copyfile(source, temp)
 
