@@ -15,7 +15,9 @@ flight per connection); the loads start together behind a barrier and last the s
 so a busy moment of the machine hits both alike. Each line gives ops/s and the server's CPU
 per PUT: all of it (``cpu_us``, from the scheduler) and, from ``/proc/PID/stat``, its user
 and kernel parts (``user_us``, ``sys_us``; 10 ms ticks, so only the sums over seconds mean
-anything). The last line is ``{"summary": …}``: each tree's median CPU per PUT by connections.
+anything), and those of the event loop's thread alone (``loop_user_us``, ``loop_sys_us``,
+from ``/proc/PID/task/PID/stat``): the rest is the publishing and flushing threads'. The
+last line is ``{"summary": …}``: each tree's median CPU per PUT by connections.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ SIZE = 4096
 WARMUP_OPS = 300  # before the timed load: the server's worker threads exist by then
 
 
-def _user_sys_seconds(pid: int) -> tuple[float, float]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _user_sys_seconds(stat: str) -> tuple[float, float]:
+    """User and kernel CPU seconds from a ``/proc`` stat file: a process's or one thread's."""
+    fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / ticks, int(fields[12]) / ticks
 
@@ -49,14 +52,17 @@ def _load(tree: str, connections: int, seconds: float, work: str, start: Any, re
     with m.running_server(data, data.with_suffix(".log")) as server:
         m.small_puts(server, SIZE, WARMUP_OPS, seconds, 0, connections)
         start.wait()
-        user, system = _user_sys_seconds(server.pid)
+        # The whole process, then its main thread, where the event loop runs.
+        stats = (f"/proc/{server.pid}/stat", f"/proc/{server.pid}/task/{server.pid}/stat")
+        before = [_user_sys_seconds(stat) for stat in stats]
         result, _ = m.small_puts(server, SIZE, 10**8, seconds, 0, connections)
-        user_after, system_after = _user_sys_seconds(server.pid)
+        after = [_user_sys_seconds(stat) for stat in stats]
     record = result.record("put_4KiB", tree=tree)
     assert result.server_cpu is not None
     record["cpu_us"] = round(result.server_cpu * result.seconds / result.ops * 1e6)
-    record["user_us"] = round((user_after - user) / result.ops * 1e6)
-    record["sys_us"] = round((system_after - system) / result.ops * 1e6)
+    for prefix, (user, system), (user_after, system_after) in zip(("", "loop_"), before, after, strict=True):
+        record[f"{prefix}user_us"] = round((user_after - user) / result.ops * 1e6)
+        record[f"{prefix}sys_us"] = round((system_after - system) / result.ops * 1e6)
     results.put(record)
 
 
