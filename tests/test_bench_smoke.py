@@ -116,3 +116,12 @@ def test_quick_put_ab_benchmark_measures_both_trees_in_the_same_seconds(tmp_path
     assert all(0 <= record["loop_user_us"] <= record["user_us"] for record in puts)
     assert records[-1]["summary"]["median_cpu_us_per_put"][f"{REPO} x2"] > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_quick_fsync_benchmark_times_each_way_of_making_files_durable(tmp_path: Path) -> None:
+    records = run_quick("benchmarks.bench_fsync", "--tmp-dir", str(tmp_path))
+    ways = {record["bench"]: record for record in records if "files_per_s" in record}
+    assert set(ways) == {"sequential", "threads_4", "syncfs"}  # --quick: 4 files, so threads_4 is one per file
+    assert all(record["median_ms"] > 0 and record["files_per_s"] > 0 for record in ways.values())
+    assert records[-1]["summary"]["files_per_s"] == {name: record["files_per_s"] for name, record in ways.items()}
+    assert list(tmp_path.iterdir()) == []
