@@ -113,6 +113,10 @@ log = logging.getLogger("blobsvc.server")
 RECV_SIZE = 1 << 20
 # Smaller bodies are written on the event loop: a thread hop would cost more than the write.
 INLINE_WRITE_LIMIT = 256 << 10
+# A PUT body starts the disk on its bytes each time this many more have been written, so that
+# the fsync of publication waits for the last few MiB only, not for a whole blob that the page
+# cache would otherwise hold back until then (64-256 MiB uploads spent half their time there).
+WRITEBACK_STEP = 4 << 20
 # Smaller GET bodies go out with their header in one send; sendfile pays off above this.
 INLINE_READ_LIMIT = 64 << 10
 
@@ -349,6 +353,11 @@ def _version() -> str:
 _T = TypeVar("_T")
 
 
+def _write_and_start_writeback(upload: StagedUpload, data: bytes | bytearray | memoryview) -> None:
+    upload.write(data)
+    upload.write_out()  # starts the disk on every byte written so far not on its way there yet
+
+
 async def _finish(work: Awaitable[_T]) -> _T:
     """The result of a worker thread's work on an upload, waited for even when cancelled."""
     future = asyncio.ensure_future(work)
@@ -547,6 +556,7 @@ class _Connection(Connection):
         """
         writing: asyncio.Future[None] | None = None
         loop = asyncio.get_running_loop()
+        unstarted = 0  # bytes written since the disk was last started on them
         try:
             while True:
                 event = await self._next_event(self.settings.io_timeout)
@@ -557,7 +567,11 @@ class _Connection(Connection):
                 if isinstance(event, PutTrailer):
                     return event.digest
                 assert isinstance(event, Data)
-                if len(event.data) < INLINE_WRITE_LIMIT:
+                unstarted += len(event.data)
+                if unstarted >= WRITEBACK_STEP:  # sync_file_range may wait for the disk: not on the loop
+                    unstarted = 0
+                    writing = loop.run_in_executor(None, _write_and_start_writeback, upload, event.data)
+                elif len(event.data) < INLINE_WRITE_LIMIT:
                     upload.write(event.data)
                 else:
                     writing = loop.run_in_executor(None, upload.write, event.data)
