@@ -34,6 +34,9 @@ def test_quick_bench_prints_json_lines_a_table_and_a_plot(tmp_path: Path) -> Non
     assert small_get["ops_s"] > 0 and small_get["p99_ms"] >= small_get["p50_ms"]
     fan_out = next(r for r in records if r["bench"] == "fan_out")
     assert fan_out["ratio"] > 0
+    # One transfer from the server per round, however many processes asked: the goal's
+    # condition, counted by the server rather than assumed.
+    assert fan_out["server_gets_many"] == fan_out["server_gets_one"] == [1]
     assert "op" in result.stderr and "fan-out" in result.stderr  # the table
     assert plot.stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == ["bench.png"]  # the bench's own files are gone
