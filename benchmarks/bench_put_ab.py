@@ -75,10 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="One short round at 2 connections: a smoke test.")
     parser.add_argument("--tmp-dir", help="Parent of the data directories (default: $TMPDIR or /tmp unless tmpfs).")
     args = parser.parse_args(argv)
-    trees = [str(Path(tree).resolve()) for tree in args.trees]
-    for tree in trees:
-        if not Path(tree, "blobsvc", "__init__.py").is_file():
-            parser.error(f"{tree} holds no blobsvc/ package")
+    trees = m.source_trees(parser, args.trees)
     if args.quick:
         args.connections, args.seconds, args.rounds = [2], 0.5, 1
     work = tempfile.mkdtemp(prefix="blobsvc-put-ab-", dir=m.choose_tmp_parent(args.tmp_dir))

@@ -19,6 +19,7 @@ in time.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import concurrent.futures
 import contextlib
@@ -131,6 +132,16 @@ def choose_tmp_parent(requested: str | None, fallback: Path | None = None) -> Pa
         return default
     fallback.mkdir(parents=True, exist_ok=True)
     return fallback
+
+
+def source_trees(parser: argparse.ArgumentParser, trees: Sequence[str]) -> list[str]:
+    """The source trees an A/B benchmark compares, as absolute paths; a usage error for one
+    that holds no ``blobsvc/`` package."""
+    found = [str(Path(tree).resolve()) for tree in trees]
+    for tree in found:
+        if not Path(tree, "blobsvc", "__init__.py").is_file():
+            parser.error(f"{tree} holds no blobsvc/ package")
+    return found
 
 
 def machine() -> dict[str, Any]:

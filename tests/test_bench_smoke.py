@@ -125,3 +125,11 @@ def test_quick_fsync_benchmark_times_each_way_of_making_files_durable(tmp_path: 
     assert all(record["median_ms"] > 0 and record["files_per_s"] > 0 for record in ways.values())
     assert records[-1]["summary"]["files_per_s"] == {name: record["files_per_s"] for name, record in ways.items()}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_quick_transfer_ab_benchmark_measures_both_trees_in_turn(tmp_path: Path) -> None:
+    records = run_quick("benchmarks.bench_transfer_ab", "--tmp-dir", str(tmp_path), str(REPO), str(REPO))
+    transfers = [record for record in records if record.get("bench") in {"put", "get", "get_file"}]
+    assert len(transfers) == 6 and all(record["MB_s"] > 0 and record["client_cpu_ms"] > 0 for record in transfers)
+    assert records[-1]["summary"]["median_ratio_to_baseline"][f"put {REPO}"] > 0
+    assert list(tmp_path.iterdir()) == []
