@@ -50,12 +50,10 @@ from ._observe import ABORTED
 from ._protocol import (
     CLOSED,
     NEED_DATA,
-    Data,
     ErrorFrame,
     GetRequest,
     PutOk,
     PutRequest,
-    PutTrailer,
     ServerEvent,
     Signal,
 )
@@ -257,17 +255,13 @@ class FastPath:
         task must take it (too long for this path, its body not all here, before AUTH, …)."""
         if request.length > self._put_limit or not self._parser.body_buffered or not self._may_answer():
             return False
-        server, connection, parser = self._server, self._connection, self._parser
+        server, connection = self._server, self._connection
         began = time.perf_counter() if server.observers else 0.0
         server.requests["PUT"] += 1
-        upload = connection.storage.stage(request.length)
+        body, digest = self._parser.take_body()
+        upload = connection.storage.stage_body(body)
         try:
-            frame = parser.next_event()
-            while type(frame) is Data:
-                upload.write(frame.data)
-                frame = parser.next_event()
-            assert type(frame) is PutTrailer  # the body and its trailer are buffered
-            publishing = server.committer.publish(upload, request.target, frame.digest)
+            publishing = server.committer.publish(upload, request.target, digest)
         except BaseException:
             upload.discard()
             raise

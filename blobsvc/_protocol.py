@@ -692,6 +692,27 @@ class ServerConnection(_Receiver):
             return False
         return len(self._passthrough or b"") + len(self._buf) >= self._body_left + KEY_SIZE
 
+    def take_body(self) -> tuple[bytearray, bytes]:
+        """The rest of the PUT body and its trailer's digest in one step, once both are
+        buffered (:attr:`body_buffered`): what ``next_event`` would return as :class:`Data`
+        frames and a :class:`PutTrailer`, without a frame (and a copy) per piece. The body
+        is the caller's. :class:`LocalProtocolError` when they are not all buffered."""
+        if not self.body_buffered:
+            raise LocalProtocolError("a PUT body is taken whole only once it and its trailer are buffered")
+        # Passed-through bytes are never more than the body left, so none are held now.
+        assert self._passthrough is None
+        buf, end = self._buf, self._body_left + KEY_SIZE
+        digest = bytes(buf[self._body_left : end])
+        if len(buf) == end:  # the common case: the buffer is this body, handed on as it is
+            del buf[self._body_left :]
+            body, self._buf = buf, bytearray()
+        else:
+            body = buf[: self._body_left]
+            del buf[:end]
+        self._body_left = 0
+        self.state = _ServerState.IDLE
+        return body, digest
+
     def next_event(self) -> ServerEvent | Signal:
         event = self._next()
         if event is NEED_DATA and self._eof:

@@ -143,22 +143,26 @@ class StagedUpload:
     An upload made ``in_memory`` (a small one, see :data:`MEMORY_STAGING_LIMIT`) keeps its
     bytes in memory and creates its staging file only when something needs it: :meth:`file`
     or publication, on a worker thread. The event loop that receives it then makes no file
-    system call for it, and one refused or cut short creates no file.
+    system call for it, and one refused or cut short creates no file. One made with its
+    ``body`` (received whole) holds those bytes as they are, hashed at once.
     """
 
-    def __init__(self, path: str, *, in_memory: bool = False) -> None:
+    def __init__(self, path: str, *, in_memory: bool = False, body: bytearray | None = None) -> None:
         self.location = path
         """The staging file's path, for system calls (a :class:`Path` costs a small PUT more
         to make than to use)."""
-        self.size = 0
         self.inode = 0
         """The staging file's inode, known once :meth:`seal` has run."""
-        self._hasher = blake3.blake3()
         self._fd: int | None = None
-        self._buffer: bytearray | None = bytearray() if in_memory else None
         self._owns_path = False  # whether a file at self.location is ours to remove
-        if not in_memory:
-            self._create()
+        if body is None:
+            self.size = 0
+            self._hasher = blake3.blake3()
+            self._buffer: bytearray | None = bytearray() if in_memory else None
+            if not in_memory:
+                self._create()
+        else:  # received whole: held as it is, hashed in one call
+            self.size, self._hasher, self._buffer = len(body), blake3.blake3(body), body
 
     def _create(self) -> None:
         with _disk_errors:
@@ -371,6 +375,11 @@ class BlobStorage:
         bytes is held in memory until it is published."""
         in_memory = size is not None and size <= MEMORY_STAGING_LIMIT
         return StagedUpload(f"{self._staging_prefix}{next(self._staged)}", in_memory=in_memory)
+
+    def stage_body(self, body: bytearray) -> StagedUpload:
+        """An upload of ``body``, received whole and at most :data:`MEMORY_STAGING_LIMIT`
+        bytes: held in memory (not copied: the upload owns it now) until it is published."""
+        return StagedUpload(f"{self._staging_prefix}{next(self._staged)}", body=body)
 
     def publish(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> bytes:
         """Verify ``upload`` against ``digest`` and make it visible under ``target``

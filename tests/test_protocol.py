@@ -170,6 +170,36 @@ def test_a_put_body_is_buffered_only_once_its_trailer_is_too() -> None:
     assert not server.body_buffered
 
 
+@pytest.mark.parametrize("after", [b"", encode_request(StatRequest(ContentKey(KEY)))])
+def test_a_buffered_put_body_and_its_trailer_are_taken_in_one_step(after: bytes) -> None:
+    """What the server's reader callback does with a small PUT that came whole: the same
+    bytes as the Data frames and trailer, and the next request is left in place."""
+    body = b"x" * 100
+    server = server_after_hello()
+    server.receive_data(encode_request(PutRequest(len(body))) + body + HELLO_KEY[:-1])
+    assert isinstance(server.next_event(), PutRequest)
+    with pytest.raises(LocalProtocolError, match="buffered"):
+        server.take_body()  # one trailer byte still to come
+    server.receive_data(HELLO_KEY[-1:] + after)
+    assert server.take_body() == (bytearray(body), HELLO_KEY)
+    assert server.next_event() == (StatRequest(ContentKey(KEY)) if after else NEED_DATA)
+    assert server.between_requests
+
+
+def test_an_empty_put_body_is_taken_with_its_trailer() -> None:
+    server = server_after_hello()
+    server.receive_data(encode_request(PutRequest(0)) + KEY)
+    assert server.next_event() == PutRequest(0)
+    assert server.take_body() == (bytearray(), KEY)
+    assert server.between_requests
+
+
+def test_a_put_body_is_taken_whole_only_mid_body() -> None:
+    server = server_after_hello()
+    with pytest.raises(LocalProtocolError):
+        server.take_body()
+
+
 def test_put_body_bytes_received_as_bytes_are_passed_on_without_a_copy() -> None:
     server = server_after_hello()
     server.receive_data(encode_request(PutRequest(1 << 20)))
