@@ -74,6 +74,19 @@ def _require_prometheus() -> None:
         raise MetricsUnavailable(f"metrics need prometheus-client: {EXTRA}") from None
 
 
+class _Op:
+    """What is counted of one operation: requests by outcome, the latency histogram (a count
+    per bucket, the count above the last (+Inf), then the sum of seconds), body bytes."""
+
+    __slots__ = ("histogram", "moved", "name", "outcomes")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.outcomes: dict[int, int] = {}  # named at scrape time
+        self.histogram: list[float] = [0] * (len(BUCKETS) + 1) + [0.0]
+        self.moved = 0
+
+
 class ServerMetrics:
     """The metrics of one server, in a registry of their own (several servers may share a
     process, as they do in tests). Creating one starts counting; :meth:`serve` exposes them."""
@@ -83,11 +96,10 @@ class ServerMetrics:
         from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
         self.server = server
-        self._requests: dict[tuple[str, int], int] = {}
-        # Per op: a count per bucket, the count above the last (+Inf), then the sum of seconds.
-        self._latency: dict[str, list[float]] = {}
-        self.received_bytes = 0
-        self.sent_bytes = 0
+        self._ops: dict[str, _Op] = {}
+        # The op of each kind of request, so that counting one costs a lookup by its type, not
+        # naming it (an HTTP request's op depends on its method: it is named each time).
+        self._op_of: dict[type, _Op] = {}
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         ProcessCollector(registry=self.registry)  # memory, CPU, open descriptors
@@ -97,19 +109,22 @@ class ServerMetrics:
 
     def observe(self, event: Any, outcome: int, moved: int, seconds: float, stream: SocketStream) -> None:
         """Count one request (a server observer): on the event loop, so no lock."""
-        op = op_name(event)
-        requests, key = self._requests, (op, outcome)  # the outcome is named at scrape time
-        requests[key] = requests.get(key, 0) + 1
-        histogram = self._latency.get(op)
-        if histogram is None:
-            histogram = self._latency[op] = [0] * (len(BUCKETS) + 1) + [0.0]
+        op = self._op_of.get(type(event)) or self._op(event)
+        outcomes = op.outcomes
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        histogram = op.histogram
         histogram[_bisect(BUCKETS, seconds)] += 1
         histogram[-1] += seconds
-        if moved:
-            if op == "PUT":
-                self.received_bytes += moved
-            else:
-                self.sent_bytes += moved
+        op.moved += moved
+
+    def _op(self, event: Any) -> _Op:
+        name = op_name(event)
+        op = self._ops.get(name)
+        if op is None:
+            op = self._ops[name] = _Op(name)
+        if not name.startswith("HTTP_"):
+            self._op_of[type(event)] = op
+        return op
 
     # --- scrape ------------------------------------------------------------------------------
 
@@ -122,22 +137,26 @@ class ServerMetrics:
             "blobsvc_requests", "Requests by operation and outcome (ok, aborted, or the error code's name).",
             labels=["op", "outcome"],
         )  # fmt: skip
-        for (op, outcome), count in list(self._requests.items()):
-            requests.add_metric([op, outcome_name(outcome)], count)
+        ops = list(self._ops.values())
+        for op in ops:
+            for outcome, count in list(op.outcomes.items()):
+                requests.add_metric([op.name, outcome_name(outcome)], count)
         yield requests
-        yield CounterMetricFamily("blobsvc_received_bytes", "Body bytes received (PUT).", value=self.received_bytes)
-        yield CounterMetricFamily("blobsvc_sent_bytes", "Body bytes sent (GET).", value=self.sent_bytes)
+        received = sum(op.moved for op in ops if op.name == "PUT")
+        sent = sum(op.moved for op in ops if op.name != "PUT")
+        yield CounterMetricFamily("blobsvc_received_bytes", "Body bytes received (PUT).", value=received)
+        yield CounterMetricFamily("blobsvc_sent_bytes", "Body bytes sent (GET).", value=sent)
         latency = HistogramMetricFamily(
             "blobsvc_request_duration_seconds", "Time from a request's header to its answer.", labels=["op"]
         )
-        for op, histogram in list(self._latency.items()):
-            *counts, seconds = list(histogram)
+        for op in ops:
+            *counts, seconds = list(op.histogram)
             buckets: list[tuple[str, float]] = []
             total = 0.0
             for bound, in_bucket in zip((*map(str, BUCKETS), "+Inf"), counts, strict=True):
                 total += in_bucket
                 buckets.append((bound, total))
-            latency.add_metric([op], buckets, seconds)
+            latency.add_metric([op.name], buckets, seconds)
         yield latency
         for name, key, text in _STATE_COUNTERS:
             yield CounterMetricFamily(name, text, value=status[key])
