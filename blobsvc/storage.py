@@ -144,7 +144,8 @@ class StagedUpload:
     bytes in memory and creates its staging file only when something needs it: :meth:`file`
     or publication, on a worker thread. The event loop that receives it then makes no file
     system call for it, and one refused or cut short creates no file. One made with its
-    ``body`` (received whole) holds those bytes as they are, hashed at once.
+    ``body`` (received whole) holds those bytes as they are, and hashes them only when its
+    :meth:`digest` is asked for (by its publication, on a worker thread).
     """
 
     def __init__(self, path: str, *, in_memory: bool = False, body: bytearray | None = None) -> None:
@@ -155,14 +156,16 @@ class StagedUpload:
         """The staging file's inode, known once :meth:`seal` has run."""
         self._fd: int | None = None
         self._owns_path = False  # whether a file at self.location is ours to remove
+        # None for an upload received whole, until :meth:`digest` hashes it in one call.
+        self._hasher: blake3.blake3 | None
         if body is None:
             self.size = 0
             self._hasher = blake3.blake3()
             self._buffer: bytearray | None = bytearray() if in_memory else None
             if not in_memory:
                 self._create()
-        else:  # received whole: held as it is, hashed in one call
-            self.size, self._hasher, self._buffer = len(body), blake3.blake3(body), body
+        else:
+            self.size, self._hasher, self._buffer = len(body), None, body
 
     def _create(self) -> None:
         with _disk_errors:
@@ -177,6 +180,7 @@ class StagedUpload:
                 view = view[os.write(self._fd, view) :]
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert self._hasher is not None, "an upload received whole takes no more bytes"
         self._hasher.update(data)
         if self._buffer is not None:
             self._buffer += data
@@ -185,6 +189,11 @@ class StagedUpload:
         self.size += len(data)
 
     def digest(self) -> bytes:
+        """The BLAKE3 digest of the bytes written. That of an upload received whole is
+        computed by the first call: a publication's, on its thread, not the event loop."""
+        if self._hasher is None:
+            assert self._buffer is not None, "the digest of an upload received whole is taken before it is written out"
+            self._hasher = blake3.blake3(self._buffer)
         return self._hasher.digest()
 
     @property

@@ -95,11 +95,16 @@ def staged(
     digest: bytes | None = None,
     *,
     in_memory: bool = False,
+    whole: bool = False,
 ) -> Publication:
     """A publication of ``data``; ``in_memory`` as the server stages a small PUT (its
-    announced length), else streamed to its staging file as a large one is."""
-    upload = storage.stage(len(data) if in_memory else None)
-    upload.write(data)
+    announced length), ``whole`` as its reader callback stages one that came whole, else
+    streamed to its staging file as a large one is."""
+    if whole:
+        upload = storage.stage_body(bytearray(data))
+    else:
+        upload = storage.stage(len(data) if in_memory else None)
+        upload.write(data)
     return Publication(upload, target, blake3.blake3(data).digest() if digest is None else digest)
 
 
@@ -166,12 +171,13 @@ def test_a_failed_file_flush_fails_the_batch_before_any_name_appears(storage: Bl
     assert os.listdir(storage.layout.incoming) == []
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["streamed", "whole"])
 def test_an_upload_held_in_memory_creates_its_staging_file_only_in_its_flush(
-    storage: BlobStorage, disk: DiskCalls
+    storage: BlobStorage, disk: DiskCalls, whole: bool
 ) -> None:
-    abandoned = staged(storage, b"never published", in_memory=True)
-    refused = staged(storage, b"refused", digest=bytes(32), in_memory=True)
-    item = staged(storage, b"held in memory", in_memory=True)
+    abandoned = staged(storage, b"never published", in_memory=True, whole=whole)
+    refused = staged(storage, b"refused", digest=bytes(32), in_memory=True, whole=whole)
+    item = staged(storage, b"held in memory", in_memory=True, whole=whole)
     assert os.listdir(storage.layout.incoming) == []  # nothing on disk while it is received
     abandoned.upload.discard()
     results = storage.publish_batch([item, refused])
