@@ -20,6 +20,7 @@ import blake3
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobServer, DigestMismatch, NotFound
+from blobsvc._commit import GroupCommitter
 from blobsvc._protocol import ContentKey, JobBlob
 from blobsvc.storage import BlobStorage, Publication
 
@@ -225,6 +226,39 @@ async def test_concurrent_puts_share_flushes_and_each_is_answered_after_its_flus
             for i, call in enumerate(disk.calls)
             if call == ("fsync", str(layout.objects))
         )
+
+
+async def test_a_flush_that_raises_fails_its_whole_batch_and_the_next_one_still_runs(
+    storage: BlobStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Disk errors come back as results (above); this mock stands for a bug inside
+    ``publish_batch`` itself, which a real disk cannot provoke."""
+    committer = GroupCommitter(storage)
+    publish_batch = storage.publish_batch
+
+    def broken_once(batch: list[Publication]) -> list[bytes | Exception]:
+        monkeypatch.setattr(storage, "publish_batch", publish_batch)
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(storage, "publish_batch", broken_once)
+    first = staged(storage, b"in the broken flush", whole=True)
+    failed = committer.publish(first.upload, None, first.digest)  # flushed at once, alone
+    queued = [staged(storage, os.urandom(64), in_memory=True) for _ in range(2)]
+    published = [committer.publish(item.upload, None, item.digest) for item in queued]  # the next batch
+    with pytest.raises(ValueError, match="a bug"):
+        await failed
+    assert await asyncio.gather(*published) == [item.digest for item in queued]
+    assert committer.batches == 2
+    first.upload.discard()
+
+
+async def test_a_publication_after_the_executor_shut_down_fails_at_once(storage: BlobStorage) -> None:
+    """Never a future nobody resolves: at the loop's end the executor refuses new work."""
+    await asyncio.get_running_loop().shutdown_default_executor()
+    item = staged(storage, b"too late", whole=True)
+    with pytest.raises(RuntimeError, match="shutdown"):
+        await asyncio.wait_for(GroupCommitter(storage).publish(item.upload, None, item.digest), 5)
+    item.upload.discard()
 
 
 def test_a_link_is_flushed_before_it_returns(storage: BlobStorage, disk: DiskCalls) -> None:
