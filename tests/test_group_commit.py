@@ -228,6 +228,15 @@ async def test_concurrent_puts_share_flushes_and_each_is_answered_after_its_flus
         )
 
 
+async def test_publications_of_one_loop_iteration_share_a_flush(storage: BlobStorage) -> None:
+    """What the reader callbacks of several connections made readable together rely on."""
+    committer = GroupCommitter(storage)
+    items = [staged(storage, os.urandom(64), whole=True) for _ in range(3)]
+    keys = await asyncio.gather(*(committer.publish(item.upload, None, item.digest) for item in items))
+    assert keys == [item.digest for item in items]
+    assert committer.batches == 1
+
+
 async def test_a_flush_that_raises_fails_its_whole_batch_and_the_next_one_still_runs(
     storage: BlobStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -242,7 +251,8 @@ async def test_a_flush_that_raises_fails_its_whole_batch_and_the_next_one_still_
 
     monkeypatch.setattr(storage, "publish_batch", broken_once)
     first = staged(storage, b"in the broken flush", whole=True)
-    failed = committer.publish(first.upload, None, first.digest)  # flushed at once, alone
+    failed = committer.publish(first.upload, None, first.digest)
+    await asyncio.sleep(0)  # its flush begins, alone, at the loop's next iteration
     queued = [staged(storage, os.urandom(64), in_memory=True) for _ in range(2)]
     published = [committer.publish(item.upload, None, item.digest) for item in queued]  # the next batch
     with pytest.raises(ValueError, match="a bug"):
