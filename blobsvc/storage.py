@@ -372,6 +372,9 @@ class BlobStorage:
         with self._usage_lock:
             return self._usage[0], self._usage[1]
 
+    def _key_lock(self, key: bytes) -> threading.Lock:
+        return self._key_locks[key[0]]
+
     def _count(self, objects: int, size: int) -> None:
         with self._usage_lock:
             self._usage[0] += objects
@@ -383,12 +386,15 @@ class BlobStorage:
         """A new upload; one announced (``size``) to be at most :data:`MEMORY_STAGING_LIMIT`
         bytes is held in memory until it is published."""
         in_memory = size is not None and size <= MEMORY_STAGING_LIMIT
-        return StagedUpload(f"{self._staging_prefix}{next(self._staged)}", in_memory=in_memory)
+        return StagedUpload(self._staging_name(), in_memory=in_memory)
 
     def stage_body(self, body: bytearray) -> StagedUpload:
         """An upload of ``body``, received whole and at most :data:`MEMORY_STAGING_LIMIT`
         bytes: held in memory (not copied: the upload owns it now) until it is published."""
-        return StagedUpload(f"{self._staging_prefix}{next(self._staged)}", body=body)
+        return StagedUpload(self._staging_name(), body=body)
+
+    def _staging_name(self) -> str:
+        return f"{self._staging_prefix}{next(self._staged)}"
 
     def publish(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> bytes:
         """Verify ``upload`` against ``digest`` and make it visible under ``target``
@@ -499,11 +505,9 @@ class BlobStorage:
         key the name held before, if any."""
         key, target = item.digest, item.target
         name = key.hex()
-        if target is None:
-            directories[self.layout.cache] = None
-        else:
-            directories[self.layout.job_blob(target.job, target.name).parent] = None
-        with self._jobs.hold(target.job) if target is not None else _NO_LOCK, self._key_locks[key[0]]:
+        path = None if target is None else self.layout.job_blob(target.job, target.name)
+        directories[self.layout.cache if path is None else path.parent] = None
+        with self._jobs.hold(target.job) if target is not None else _NO_LOCK, self._key_lock(key):
             try:
                 item.upload.place(objects, name)
             except FileExistsError:
@@ -513,11 +517,11 @@ class BlobStorage:
                 stored[0] += 1
                 stored[1] += item.upload.size
             try:
-                if target is None:
+                if path is None:
                     with contextlib.suppress(FileExistsError):
                         os.link(name, name, src_dir_fd=objects, dst_dir_fd=cache)
                     return None
-                return self._link_job(key, target)
+                return self._link_job(key, path)
             except BaseException:
                 # A name that could not be made (a full disk): drop the object again when no
                 # name has it, so that a refused PUT really stores nothing.
@@ -529,24 +533,23 @@ class BlobStorage:
         older blob of that name, and return its size: publishing without the bytes.
         :class:`NotFound` when no name holds ``key``."""
         replaced = None
-        with _disk_errors, self._jobs.hold(target.job), self._key_locks[key[0]]:
+        path = self.layout.job_blob(target.job, target.name)
+        with _disk_errors, self._jobs.hold(target.job), self._key_lock(key):
             try:
                 size = self.layout.object(key).stat().st_size
             except FileNotFoundError:
                 raise NotFound(f"no blob with key {key.hex()} to link as {target.name!r}") from None
-            replaced = self._link_job(key, target)
+            replaced = self._link_job(key, path)
             # Durable before the answer, as a PUT's names are (objects/ too: a PUT of this key
             # in flight may not have flushed it yet).
-            parent = self.layout.job_blob(target.job, target.name).parent
-            self._in_parallel(_fsync_dirs, [self.layout.objects, parent])
+            self._in_parallel(_fsync_dirs, [self.layout.objects, path.parent])
         if replaced is not None and replaced != key:
             self._collect(replaced)
         return size
 
-    def _link_job(self, key: bytes, target: JobBlob) -> bytes | None:
-        """Link the object under the job name, atomically replacing an older blob of that
-        name; returns the replaced blob's key."""
-        path = self.layout.job_blob(target.job, target.name)
+    def _link_job(self, key: bytes, path: Path) -> bytes | None:
+        """Link the object as a job's blob at ``path``, atomically replacing an older blob of
+        that name; returns the replaced blob's key."""
         self._make_dirs(path.parent)
         temp = path.parent / f".link-{secrets.token_hex(8)}"
         os.link(self.layout.object(key), temp)
@@ -619,7 +622,7 @@ class BlobStorage:
     def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
         """Remove a name (or a whole job); what does not exist is already deleted."""
         if isinstance(target, ContentKey):
-            with self._key_locks[target.key[0]]:
+            with self._key_lock(target.key):
                 try:
                     self.layout.content(target.key).unlink()
                 except FileNotFoundError:
@@ -657,7 +660,7 @@ class BlobStorage:
         return {key for key in keys if key}
 
     def _collect(self, key: bytes) -> None:
-        with self._key_locks[key[0]]:
+        with self._key_lock(key):
             self._collect_locked(key)
 
     def _collect_locked(self, key: bytes) -> None:
