@@ -1,15 +1,15 @@
-"""How many small files per second this disk can make durable, one fsync each: the ceiling of
+"""How many small files per second this disk can make durable, one fsync each: what bounds
 durable small PUTs for a server that keeps one file per blob.
 
 Each round writes ``--files`` new 4 KiB files in the data directory's file system and makes
 them durable four ways, in the same seconds: one thread fsyncing them in turn, ``--threads``
 threads sharing them (as blobsvc's group commit does), one thread per file, and one
-``syncfs`` for all (which also writes whatever else is dirty on that file system). Every
-fsync of a new file ends with a flush of the disk's write cache, and a disk that performs
-its flushes one at a time makes the threads wait in turn: when the threaded figures are no
-better than the sequential one, ``files_per_s`` of the sequential line is the most durable
-small PUTs per second a server with a file per blob can answer on this disk, however little
-CPU each costs.
+``syncfs`` for all (which also writes whatever else is dirty on that file system). The
+threads are started before any round, as the server's flush threads are, so only waiting on
+the disk is timed. Every fsync of a new file ends with a flush of the disk's write cache; how
+much faster the threaded ways are than the sequential one says how many of those flushes the
+disk takes at once. The ``--threads`` line is what a server with a file per blob and that many
+flush threads can reach at most, however little CPU each PUT costs.
 
     .venv/bin/python -m benchmarks.bench_fsync               # 16 files, 20 rounds
     .venv/bin/python -m benchmarks.bench_fsync --quick       # a smoke run
@@ -21,12 +21,12 @@ files per second that makes; the last line is ``{"summary": …}``.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import ctypes
 import os
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,13 +41,13 @@ def _fsync_each(fds: Sequence[int]) -> None:
         os.fsync(fd)
 
 
-def _shared(ways: int) -> Callable[[Sequence[int]], None]:
+def _shared(pool: concurrent.futures.ThreadPoolExecutor, ways: int) -> Callable[[Sequence[int]], None]:
+    """``ways`` threads of ``pool``, started before any round as the server's flush threads
+    are, sharing the files: only the waiting is timed, not starting threads."""
+
     def run(fds: Sequence[int]) -> None:
-        threads = [threading.Thread(target=_fsync_each, args=(fds[way::ways],)) for way in range(ways)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        for done in [pool.submit(_fsync_each, fds[way::ways]) for way in range(ways)]:
+            done.result()
 
     return run
 
@@ -72,10 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.files, args.rounds = 4, 2
+    threads = max(args.threads, args.files)
+    pool = concurrent.futures.ThreadPoolExecutor(threads)
+    for warming in [pool.submit(time.sleep, 0.01) for _ in range(threads)]:
+        warming.result()  # every thread exists before the first round
     ways: dict[str, Callable[[Sequence[int]], None]] = {
         "sequential": _fsync_each,
-        f"threads_{args.threads}": _shared(args.threads),
-        f"threads_{args.files}": _shared(args.files),
+        f"threads_{args.threads}": _shared(pool, args.threads),
+        f"threads_{args.files}": _shared(pool, args.files),
         "syncfs": _syncfs(),
     }
     work = tempfile.mkdtemp(prefix="blobsvc-fsync-", dir=m.choose_tmp_parent(args.tmp_dir))
@@ -99,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     for fd in fds:
                         os.close(fd)
     finally:
+        pool.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     summary = {}
     for name, took in seconds.items():
