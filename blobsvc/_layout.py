@@ -3,6 +3,7 @@
     <data dir>/
       incoming/               staging files of uploads in progress, and deleted jobs on
                               their way out; emptied at every start
+      journal/0, journal/1    records of small blobs not yet checkpointed (blobsvc._journal)
       objects/<key hex>       one file per distinct content: the only copy of its bytes
       cache/<key hex>         a content-addressed blob: a hard link to its object
       job_<job hex>/<name>    a job-scoped blob: a hard link to its object
@@ -59,6 +60,7 @@ class Layout:
         self.incoming = root / "incoming"
         self.objects = root / "objects"
         self.cache = root / "cache"
+        self.journal = root / "journal"
 
     def object(self, key: bytes) -> Path:
         return self.objects / key.hex()

@@ -97,6 +97,13 @@ def log_recovery(report: RecoveryReport, data_dir: object) -> None:
         data_dir,
         extra={"fields": {"blobs": blobs, "objects": report.objects, "bytes": report.bytes}},
     )
+    if report.replayed:
+        log.info(
+            "replayed %d journal records of small blobs not yet checkpointed; %d needed repair",
+            report.replayed,
+            report.repaired,
+            extra={"fields": {"replayed": report.replayed, "repaired": report.repaired}},
+        )
     if report.removed_staging:
         log.info(
             "removed %d staging files: uploads the last run did not finish",

@@ -262,6 +262,7 @@ class BlobServer:
             await asyncio.wait(list(connections))
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
+        await asyncio.to_thread(self.storage.close)  # waits for a checkpoint under way
 
     def abort_requests(self) -> None:
         """Cancel every connection now, busy or not (a second Ctrl-C during shutdown)."""

@@ -3,22 +3,26 @@
 The layout is drawn in :mod:`blobsvc._layout`. What this module promises, each pinned by
 ``tests/test_storage.py``:
 
-1. **Nothing partial is ever visible.** An upload is written to a staging file in
-   ``incoming/`` while it is hashed; only when its digest matches the client's is it
-   fsynced, linked into ``objects/`` and under its name, and the directories are fsynced
-   before :meth:`BlobStorage.publish` returns.
+1. **Nothing partial is ever visible, nothing acknowledged is lost.** An upload is written
+   to a staging file in ``incoming/`` while it is hashed; only when its digest matches the
+   client's is it made durable and linked into ``objects/`` and under its name, before
+   :meth:`BlobStorage.publish` returns. A large one is fsynced, and so are the directories
+   of its names; a small one (held in memory) is durable by its record in the journal
+   (:mod:`blobsvc._journal`), which start-up replays.
 2. **One copy per distinct content**, however many content-addressed or job-scoped names it
    has and however many uploads race to store it.
 3. **No staging file outlives its upload**: a failed, rejected or duplicate upload removes
    its own, and every start empties ``incoming/``.
 4. **Names are independent**: replacing or deleting one name never changes another's bytes.
-5. **Start-up repairs**: staging leftovers, stray files and every blob whose bytes no longer
-   hash to its key are deleted; the rest is served.
+5. **Start-up repairs**: the journal is replayed; staging leftovers, stray files and every
+   blob whose bytes no longer hash to its key are deleted; the rest is served.
 
 Thread safety: methods may be called from any thread. Publication and deletion hold a lock
 per key (and per job for job-scoped names) only while they link and unlink, never while
-bytes stream. Opening a blob for reading takes no lock at all: published files are never
-modified in place, so an open descriptor always sees one complete version.
+bytes stream. Whatever removes or replaces a name outside the journal first waits, holding
+none of those locks, until the journal has no record of it (:meth:`BlobStorage._settled`).
+Opening a blob for reading takes no lock at all: published files are never modified in
+place, so an open descriptor always sees one complete version.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +48,7 @@ import blake3
 from ._exceptions import DigestMismatch, InsufficientStorage, InternalError, NotFound
 from ._hotblobs import HotBlob, HotBlobs
 from ._ids import hash_file
+from ._journal import SEGMENT_BYTES, Journal, Record
 from ._layout import Layout, decode_name, key_from_filename
 from ._protocol import ContentKey, JobBlob, ListEntry, WholeJob
 from ._writeback import fsync_dir, start_writeback
@@ -200,6 +206,11 @@ class StagedUpload:
     def path(self) -> Path:
         return Path(self.location)
 
+    @property
+    def held(self) -> bytearray | None:
+        """The bytes of an upload held in memory, until they are written out."""
+        return self._buffer
+
     def file(self) -> Path:
         """The staging file, holding every byte written so far (not yet durable); an
         upload held in memory is written out now. Blocks: call it off the event loop."""
@@ -210,12 +221,23 @@ class StagedUpload:
         """Write an upload held in memory to its staging file, and start writing the file's
         bytes to disk without waiting for them (the :meth:`seal` that follows waits less).
         Blocks: call it off the event loop."""
+        self._write_held()
+        assert self._fd is not None
+        start_writeback(self._fd, 0, 0)
+
+    def write_journaled(self) -> None:
+        """Write an upload held in memory to its staging file and learn :attr:`inode`,
+        leaving the bytes to reach the disk at the journal's next checkpoint: its record
+        there makes it durable. Blocks: call it off the event loop."""
+        self._write_held()
+        assert self._fd is not None
+        self.inode = os.fstat(self._fd).st_ino
+
+    def _write_held(self) -> None:
         if self._buffer is not None:
             buffer, self._buffer = self._buffer, None
             self._create()
             self._write_file(buffer)
-        assert self._fd is not None
-        start_writeback(self._fd, 0, 0)
 
     def seal(self) -> None:
         """Make every byte written durable and learn :attr:`inode`; the upload takes no more
@@ -339,14 +361,23 @@ class RecoveryReport:
     removed_corrupt: list[str] = field(default_factory=list)
     removed_stray: list[str] = field(default_factory=list)
     removed_orphans: int = 0
+    replayed: int = 0
+    """Journal records replayed: small blobs published since the last checkpoint."""
+    repaired: int = 0
+    """Of those, how many had an object or a name to make again (their bytes or name had
+    not reached the disk before a crash)."""
 
 
 class BlobStorage:
     """Blobs under one data directory; see the module docstring for what it guarantees."""
 
-    def __init__(self, root: Path | str, *, verify_on_start: bool = True) -> None:
+    def __init__(
+        self, root: Path | str, *, verify_on_start: bool = True, journal_segment_bytes: int = SEGMENT_BYTES
+    ) -> None:
         self.layout = Layout(Path(root))
         self.verify_on_start = verify_on_start
+        self._journal_segment_bytes = journal_segment_bytes
+        self._opened_journal: Journal | None = None  # opened by recover()
         # Which key each object inode holds: a job-scoped file is a hard link to its object,
         # so its inode says its digest without rehashing. Rebuilt from disk at every start.
         self._key_by_inode: dict[int, bytes] = {}
@@ -366,6 +397,19 @@ class BlobStorage:
         self._staged = itertools.count()
         self.hot = HotBlobs()
         """Small blobs recently read, for the server's GETs (see :mod:`blobsvc._hotblobs`)."""
+
+    @property
+    def journal(self) -> Journal:
+        """The journal of small publications (see :mod:`blobsvc._journal`), opened by :meth:`recover`."""
+        assert self._opened_journal is not None, "recover() first"
+        return self._opened_journal
+
+    def close(self) -> None:
+        """Close the journal, once its checkpoints under way are done. :meth:`recover`
+        opens it again."""
+        if self._opened_journal is not None:
+            self._opened_journal.close()
+            self._opened_journal = None
 
     def usage(self) -> tuple[int, int]:
         """Distinct blobs stored (objects, however many names each has) and their bytes."""
@@ -412,67 +456,90 @@ class BlobStorage:
         records the calls and pins it):
 
         1. every upload whose bytes do not hash to its digest is refused alone;
-        2. the staging files of the rest are sealed, a few threads sharing them (those of
-           uploads held in memory are written then): their bytes are on disk before any
-           name can reach them;
+        2. the bytes of the rest are made durable before any name can reach them: the
+           staging files of large uploads are sealed, a few threads sharing them; those of
+           uploads held in memory are written and their records appended to the journal,
+           with one ``fdatasync`` for all;
         3. each is linked into ``objects/`` and under its name, holding its key's (and
-           job's) lock as :meth:`publish` always did, without fsync yet;
-        4. every directory those names live in (``objects/`` included, also for a blob
-           found already stored: another batch may not have flushed it yet) is fsynced
-           once, the same way;
+           job's) lock as :meth:`publish` always did, without fsync; the journaled ones
+           first, then the large ones (each once the journal has no record of its name);
+        4. every directory the large uploads' names live in (``objects/`` included, also
+           for a blob found already stored: another batch may not have flushed it yet) is
+           fsynced once, the same way; the journaled names are durable by their records;
         5. only then does any upload of the batch get its key; an error in 2 or 4 fails
            every upload it covers, since none of them is known to be durable.
 
         Blobs replaced under a job name are collected last.
         """
         results: list[bytes | Exception | None] = [None] * len(batch)
-        matching: list[Publication] = []
+        journaled: list[int] = []
+        sealed: list[int] = []
         for i, item in enumerate(batch):
             key = item.upload.digest()
             if key == item.digest:
-                matching.append(item)
+                (sealed if item.upload.held is None else journaled).append(i)
                 continue
             item.upload.discard()
             results[i] = DigestMismatch(
                 f"the body hashes to {key.hex()} but the trailer says {item.digest.hex()}; nothing stored"
             )
-        uploads = [item.upload for item in matching]
         try:
-            self._in_parallel(_seal_share, uploads)
+            self._in_parallel(_seal_share, [batch[i].upload for i in sealed])
+            records = [_record(batch[i]) for i in journaled]
+            for i in journaled:
+                batch[i].upload.write_journaled()
+            segment = self.journal.append(records) if records else None
         except Exception as exc:
-            for upload in uploads:
-                upload.discard()
+            for i in journaled + sealed:
+                batch[i].upload.discard()
             return _done([exc if result is None else result for result in results])
         directories: dict[Path, None] = {self.layout.objects: None}  # an ordered set
         replaced: list[bytes] = []
-        linked: list[int] = []
         stored = [0, 0]  # objects and bytes new to the disk
         with _open_dir(self.layout.objects) as objects, _open_dir(self.layout.cache) as cache:
-            for i, item in enumerate(batch):
-                if results[i] is not None:
-                    continue
-                try:
-                    with _disk_errors:
-                        old = self._link(item, objects, cache, directories, stored)
-                    if old is not None and old != item.digest:
-                        replaced.append(old)
-                    linked.append(i)
-                except Exception as exc:
-                    results[i] = exc
-                finally:
-                    item.upload.discard()
+            try:
+                self._link_all(batch, journaled, results, objects, cache, None, stored, replaced)
+            finally:
+                if segment is not None:
+                    self.journal.release(segment)
+            self._link_all(batch, sealed, results, objects, cache, directories, stored, replaced)
         self._count(*stored)
-        flushed: Exception | None = None
-        try:
-            with _disk_errors:
-                self._in_parallel(_fsync_dirs, list(directories))
-        except Exception as exc:
-            flushed = exc
-        for i in linked:
-            results[i] = flushed or batch[i].digest
+        if any(results[i] is None for i in sealed):
+            try:
+                with _disk_errors:
+                    self._in_parallel(_fsync_dirs, list(directories))
+            except Exception as exc:
+                for i in sealed:
+                    results[i] = results[i] or exc
+        for i in journaled + sealed:
+            results[i] = results[i] or batch[i].digest
         for key in replaced:
             self._collect(key)
         return _done(results)
+
+    def _link_all(
+        self,
+        batch: Sequence[Publication],
+        indices: Sequence[int],
+        results: list[bytes | Exception | None],
+        objects: int,
+        cache: int,
+        directories: dict[Path, None] | None,
+        stored: list[int],
+        replaced: list[bytes],
+    ) -> None:
+        """:meth:`_link` the uploads at ``indices`` of the batch, each one's error its result."""
+        for i in indices:
+            item = batch[i]
+            try:
+                with _disk_errors:
+                    old = self._link(item, objects, cache, stored, directories)
+                if old is not None and old != item.digest:
+                    replaced.append(old)
+            except Exception as exc:
+                results[i] = exc
+            finally:
+                item.upload.discard()
 
     def _in_parallel(self, work: Callable[[Sequence[_T]], object], items: Sequence[_T]) -> None:
         """``work`` on shares of ``items``, one share for each of up to :data:`FLUSH_WAYS`
@@ -498,16 +565,21 @@ class BlobStorage:
             raise error
 
     def _link(
-        self, item: Publication, objects: int, cache: int, directories: dict[Path, None], stored: list[int]
+        self, item: Publication, objects: int, cache: int, stored: list[int], directories: dict[Path, None] | None
     ) -> bytes | None:
-        """Link a sealed upload into ``objects`` (unless its bytes are there already) and
-        under its name; records the directories to flush and what was stored; returns the
-        key the name held before, if any."""
+        """Link a durable upload into ``objects`` (unless its bytes are there already) and
+        under its name; records what was stored and, unless it is journaled (``directories``
+        None), the directories to flush; returns the key the name held before, if any."""
         key, target = item.digest, item.target
         name = key.hex()
         path = None if target is None else self.layout.job_blob(target.job, target.name)
-        directories[self.layout.cache if path is None else path.parent] = None
-        with self._jobs.hold(target.job) if target is not None else _NO_LOCK, self._key_lock(key):
+        job_lock: AbstractContextManager[object]
+        if directories is None:  # journaled: its record holds this name's place in the order
+            job_lock = _NO_LOCK if target is None else self._jobs.hold(target.job)
+        else:
+            directories[self.layout.cache if path is None else path.parent] = None
+            job_lock = _NO_LOCK if target is None else self._job_lock_settled(target)
+        with job_lock, self._key_lock(key):
             try:
                 item.upload.place(objects, name)
             except FileExistsError:
@@ -534,7 +606,7 @@ class BlobStorage:
         :class:`NotFound` when no name holds ``key``."""
         replaced = None
         path = self.layout.job_blob(target.job, target.name)
-        with _disk_errors, self._jobs.hold(target.job), self._key_lock(key):
+        with _disk_errors, self._job_lock_settled(target), self._key_lock(key):
             try:
                 size = self.layout.object(key).stat().st_size
             except FileNotFoundError:
@@ -551,15 +623,25 @@ class BlobStorage:
         """Link the object as a job's blob at ``path``, atomically replacing an older blob of
         that name; returns the replaced blob's key."""
         self._make_dirs(path.parent)
-        temp = path.parent / f".link-{secrets.token_hex(8)}"
-        os.link(self.layout.object(key), temp)
-        try:
-            replaced = self._key_of(path)
-            os.replace(temp, path)
-        except BaseException:
-            _remove(temp)
-            raise
+        replaced = self._key_of(path)
+        _replace_link(self.layout.object(key), path)
         return replaced
+
+    def _settled(self, mark: Hashable, lock: Callable[[], AbstractContextManager[object]]) -> contextlib.ExitStack:
+        """``lock()``, entered at a moment the journal has no record of ``mark`` (a key, a
+        job, or a job and name): for whatever removes or replaces a name outside the journal,
+        which replay must not undo. Waits for a checkpoint when the journal has one, holding
+        no lock then: the publications it waits for take them."""
+        while True:
+            held = contextlib.ExitStack()
+            held.enter_context(lock())
+            if not self.journal.holds(mark):
+                return held
+            held.close()
+            self.journal.settle(mark)
+
+    def _job_lock_settled(self, target: JobBlob) -> contextlib.ExitStack:
+        return self._settled((target.job, target.name), lambda: self._jobs.hold(target.job))
 
     def _make_dirs(self, directory: Path) -> None:
         make_dirs(directory)
@@ -622,7 +704,7 @@ class BlobStorage:
     def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
         """Remove a name (or a whole job); what does not exist is already deleted."""
         if isinstance(target, ContentKey):
-            with self._key_lock(target.key):
+            with self._settled(target.key, lambda: self._key_lock(target.key)):
                 try:
                     self.layout.content(target.key).unlink()
                 except FileNotFoundError:
@@ -631,7 +713,8 @@ class BlobStorage:
                 fsync_dir(self.layout.cache)
                 self._collect_locked(target.key)
             return
-        with self._jobs.hold(target.job):
+        mark = target.job if isinstance(target, WholeJob) else (target.job, target.name)
+        with self._settled(mark, lambda: self._jobs.hold(target.job)):
             keys = self._unlink_job_names(target)
         for key in keys:
             self._collect(key)
@@ -698,6 +781,12 @@ class BlobStorage:
         for leftover in list(layout.incoming.iterdir()):
             _remove(leftover)
             report.removed_staging += 1
+        self.close()
+        self._opened_journal = Journal(layout.journal, segment_bytes=self._journal_segment_bytes)
+        records = self._opened_journal.replay()
+        report.replayed = len(records)
+        report.repaired = sum(self._replay(record) for record in records)
+        self._opened_journal.restart()
 
         corrupt_inodes = self._scan_objects(report)
         unnamed = set(self._key_by_inode)  # objects no name kept below links to (yet)
@@ -743,6 +832,31 @@ class BlobStorage:
         if self._uncounted:
             threading.Thread(target=self._count_bytes, name="blobsvc-count-bytes", daemon=True).start()
         return report
+
+    def _replay(self, record: Record) -> bool:
+        """Make the object and the name of a journal record as its publication left them
+        (rule 2 of :mod:`blobsvc._journal`); whether anything had to be made again. An
+        object's bytes are written again in place, so that every name linking it reads
+        them; nothing is served yet."""
+        obj = self.layout.object(record.key)
+        name = self.layout.content(record.key) if record.target is None else self._path(record.target)
+        fd = os.open(obj, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            repaired = os.pread(fd, len(record.body) + 1, 0) != record.body
+            if repaired:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, record.body, 0)
+            inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        try:
+            if name.stat().st_ino == inode:
+                return repaired
+        except FileNotFoundError:
+            pass
+        self._make_dirs(name.parent)
+        _replace_link(obj, name)
+        return True
 
     def _count_bytes(self) -> None:
         """Add the sizes of the objects a start without verification did not stat to
@@ -827,14 +941,28 @@ class BlobStorage:
         returns the object's inode and the bytes of an object so made."""
         obj = self.layout.object(key)
         if obj.exists():
-            temp = path.parent / f".link-{secrets.token_hex(8)}"
-            os.link(obj, temp)
-            os.replace(temp, path)
+            _replace_link(obj, path)
             return obj.stat().st_ino, 0
         os.link(path, obj)
         info = obj.stat()
         self._key_by_inode[info.st_ino] = key
         return info.st_ino, info.st_size
+
+
+def _record(item: Publication) -> Record:
+    assert item.upload.held is not None, "only an upload held in memory is journaled"
+    return Record(item.digest, item.target, item.upload.held)
+
+
+def _replace_link(source: Path, name: Path) -> None:
+    """Make ``name`` a link to ``source``, atomically replacing whatever it was."""
+    temp = name.parent / f".link-{secrets.token_hex(8)}"
+    os.link(source, temp)
+    try:
+        os.replace(temp, name)
+    except BaseException:
+        _remove(temp)
+        raise
 
 
 def _describe(target: ContentKey | JobBlob) -> str:

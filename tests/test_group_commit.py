@@ -1,9 +1,10 @@
 """Group commit: concurrent PUTs share one flush and lose none of their durability.
 
 The order of the disk calls is what durability rests on, and a real disk does not show it
-(nor can it be made to fail an fsync on demand): these tests wrap ``os.fsync``, ``os.rename``,
-``os.link`` and ``os.replace`` to record each call, and the error tests make a wrapped fsync
-fail. Everything else is real: files, directories, server, client, sockets.
+(nor can it be made to fail an fsync on demand): these tests wrap ``os.fsync``,
+``os.fdatasync`` (the journal's), ``os.rename``, ``os.link`` and ``os.replace`` to record each
+call, and the error tests make a wrapped fsync or fdatasync fail. Everything else is real:
+files, directories, server, client, sockets.
 """
 
 from __future__ import annotations
@@ -28,25 +29,28 @@ JOB = bytes(range(16))
 
 
 class DiskCalls:
-    """Records ``(call, path)`` for every fsync, rename, link and replace, from any thread;
-    ``fail_fsync`` makes fsyncs of paths it matches raise EIO."""
+    """Records ``(call, path)`` for every fsync, fdatasync, rename, link and replace, from any
+    thread; ``fail_fsync`` makes fsyncs and fdatasyncs of paths it matches raise EIO."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[str, str]] = []
         self.fail_fsync: Callable[[str], bool] = lambda path: False
         self._lock = threading.Lock()
-        fsync, rename, link, replace = os.fsync, os.rename, os.link, os.replace
+        rename, link, replace = os.rename, os.link, os.replace
 
         def record(call: str, path: Any) -> None:
             with self._lock:
                 self.calls.append((call, str(path)))
 
-        def recording_fsync(fd: int) -> None:
-            path = os.readlink(f"/proc/self/fd/{fd}")
-            if self.fail_fsync(path):
-                raise OSError(errno.EIO, "injected fsync failure", path)
-            fsync(fd)
-            record("fsync", path)
+        def recording(sync: Callable[[int], None]) -> Callable[[int], None]:
+            def recording_sync(fd: int) -> None:
+                path = os.readlink(f"/proc/self/fd/{fd}")
+                if self.fail_fsync(path):
+                    raise OSError(errno.EIO, f"injected {sync.__name__} failure", path)
+                sync(fd)
+                record(sync.__name__, path)
+
+            return recording_sync
 
         def recording_rename(src: Any, dst: Any, **kwargs: Any) -> None:
             rename(src, dst, **kwargs)
@@ -61,7 +65,8 @@ class DiskCalls:
             replace(src, dst, **kwargs)
             record("replace", dst)
 
-        monkeypatch.setattr(os, "fsync", recording_fsync)
+        monkeypatch.setattr(os, "fsync", recording(os.fsync))
+        monkeypatch.setattr(os, "fdatasync", recording(os.fdatasync))
         monkeypatch.setattr(os, "rename", recording_rename)
         monkeypatch.setattr(os, "link", recording_link)
         monkeypatch.setattr(os, "replace", recording_replace)
@@ -76,6 +81,10 @@ class DiskCalls:
     def last(self, call: str, path: str | Path) -> int:
         return len(self.calls) - 1 - self.calls[::-1].index((call, str(path)))
 
+    def journal_appends(self) -> list[int]:
+        """Where the journal's appends were made durable, as indices of :attr:`calls`."""
+        return [i for i, (call, path) in enumerate(self.calls) if call == "fdatasync" and "/journal/" in path]
+
 
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[DiskCalls]:
@@ -83,10 +92,11 @@ def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[DiskCalls]:
 
 
 @pytest.fixture
-def storage(tmp_path: Path) -> BlobStorage:
+def storage(tmp_path: Path) -> Iterator[BlobStorage]:
     store = BlobStorage(tmp_path / "data")
     store.recover()
-    return store
+    yield store
+    store.close()
 
 
 def staged(
@@ -109,7 +119,10 @@ def staged(
     return Publication(upload, target, blake3.blake3(data).digest() if digest is None else digest)
 
 
-def test_a_batch_flushes_files_before_names_and_names_before_answering(storage: BlobStorage, disk: DiskCalls) -> None:
+def test_a_batch_makes_bytes_durable_before_names_and_names_before_answering(
+    storage: BlobStorage, disk: DiskCalls
+) -> None:
+    """Blobs 0 and 1 are held in memory (journaled), 2 and 3 streamed to staging files."""
     blobs = [os.urandom(100) for _ in range(4)]
     batch = [
         staged(storage, data, JobBlob(JOB, f"b{i}") if i % 2 else None, in_memory=i < 2) for i, data in enumerate(blobs)
@@ -121,23 +134,47 @@ def test_a_batch_flushes_files_before_names_and_names_before_answering(storage: 
     keys = [blake3.blake3(data).digest() for data in blobs]
     assert results == keys
     names = [layout.content(k) if i % 2 == 0 else layout.job_blob(JOB, f"b{i}") for i, k in enumerate(keys)]
-    first_name_change = min(disk.index("link", layout.object(k)) for k in keys)
-    for path in staging:
-        assert disk.index("fsync", path) < first_name_change  # every file's bytes before any name
-    directories = {layout.objects, layout.cache, layout.job_blob(JOB, "b1").parent}
     answered = disk.index("mark", "answered")
-    for directory in directories:
+    first_name_change = min(disk.index("link", layout.object(k)) for k in keys)
+    # Every blob's bytes before any name: the journaled ones by one append, the others by
+    # their files' fsyncs.
+    assert len(disk.journal_appends()) == 1
+    assert disk.journal_appends()[0] < first_name_change
+    for path in staging[2:]:
+        assert disk.index("fsync", path) < first_name_change
+    for path in staging[:2]:
+        assert ("fsync", path) not in disk.calls  # its record is its durability
+    assert disk.index("link", names[0]) < answered and disk.index("replace", names[1]) < answered
+    # The streamed ones' names are flushed, one flush per directory for the whole batch.
+    for directory in (layout.objects, layout.cache, names[3].parent):
         flush = disk.last("fsync", directory)
         assert flush < answered
-        for i, key in enumerate(keys):
-            assert disk.index("link", layout.object(key)) < flush
-            if i % 2 == 0:
-                assert disk.index("link", names[i]) < flush
-            else:
-                assert disk.index("replace", names[i]) < flush
-    # One flush per directory for the whole batch, not one per blob.
+        assert disk.index("link", layout.object(keys[2])) < flush and disk.index("link", names[2]) < flush
+        assert disk.index("link", layout.object(keys[3])) < flush and disk.index("replace", names[3]) < flush
     for directory in (layout.objects, layout.cache):
         assert sum(call == ("fsync", str(directory)) for call in disk.calls) == 1
+
+
+def test_a_batch_of_small_uploads_flushes_no_file_and_no_directory(storage: BlobStorage, disk: DiskCalls) -> None:
+    storage.publish_batch([staged(storage, b"the job's first", JobBlob(JOB, "first"), whole=True)])
+    disk.calls.clear()  # making the job's directory is flushed once per job
+    batch = [staged(storage, os.urandom(100), JobBlob(JOB, f"b{i}") if i % 2 else None, whole=True) for i in range(8)]
+    assert storage.publish_batch(batch) == [item.digest for item in batch]
+    assert [call for call, _ in disk.calls if call in {"fsync", "fdatasync"}] == ["fdatasync"]
+
+
+def test_a_failed_journal_append_fails_the_batch_before_any_name_appears(storage: BlobStorage, disk: DiskCalls) -> None:
+    disk.fail_fsync = lambda path: "/journal/" in path
+    batch = [staged(storage, os.urandom(64), JobBlob(JOB, "x") if i else None, in_memory=True) for i in range(3)]
+    results = storage.publish_batch(batch)
+    assert all(isinstance(result, OSError) and result.errno == errno.EIO for result in results)
+    assert not any(call in {"rename", "link", "replace"} for call, _ in disk.calls)
+    assert os.listdir(storage.layout.incoming) == []
+    disk.fail_fsync = lambda path: False
+    # Nothing of the failed append is replayed: the next start finds none of it.
+    storage.close()
+    report = storage.recover()
+    assert report.replayed == 0 and storage.list_job(JOB) == []
 
 
 def test_a_blob_found_stored_is_answered_only_after_its_directories_are_flushed(
@@ -183,7 +220,7 @@ def test_an_upload_held_in_memory_creates_its_staging_file_only_in_its_flush(
     abandoned.upload.discard()
     results = storage.publish_batch([item, refused])
     assert results[0] == item.digest and isinstance(results[1], DigestMismatch)
-    assert disk.index("fsync", item.upload.path) < disk.index("link", storage.layout.object(item.digest))
+    assert disk.journal_appends()[0] < disk.index("link", storage.layout.object(item.digest))
     assert os.listdir(storage.layout.incoming) == []
     with storage.open_blob(ContentKey(item.digest)) as blob:
         assert os.pread(blob.fd, blob.size, 0) == b"held in memory"
@@ -197,7 +234,7 @@ def test_a_wrong_digest_refuses_that_upload_alone(storage: BlobStorage) -> None:
     assert os.listdir(storage.layout.incoming) == []
 
 
-async def test_concurrent_puts_share_flushes_and_each_is_answered_after_its_flush(
+async def test_concurrent_puts_share_journal_appends_and_each_is_answered_after_its_own(
     server: BlobServer, disk: DiskCalls
 ) -> None:
     blobs = [os.urandom(4096) for _ in range(32)]
@@ -219,13 +256,9 @@ async def test_concurrent_puts_share_flushes_and_each_is_answered_after_its_flus
     for key in keys:
         answered = disk.index("mark", key)
         linked = disk.index("link", layout.content(bytes.fromhex(key)))
-        flushes = [i for i, call in enumerate(disk.calls) if call == ("fsync", str(layout.cache))]
-        assert any(linked < flush < answered for flush in flushes)
-        assert any(
-            disk.index("link", layout.object(bytes.fromhex(key))) < i < answered
-            for i, call in enumerate(disk.calls)
-            if call == ("fsync", str(layout.objects))
-        )
+        # A small PUT is durable by its batch's journal append, before its names are made.
+        assert any(append < linked < answered for append in disk.journal_appends())
+    assert len(disk.journal_appends()) == server.committer.batches
 
 
 async def test_publications_of_one_loop_iteration_share_a_flush(storage: BlobStorage) -> None:

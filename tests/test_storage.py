@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import blake3
@@ -20,10 +21,11 @@ OTHER_JOB = bytes(range(1, 17))
 
 
 @pytest.fixture
-def storage(tmp_path: Path) -> BlobStorage:
+def storage(tmp_path: Path) -> Iterator[BlobStorage]:
     store = BlobStorage(tmp_path / "data")
     store.recover()
-    return store
+    yield store
+    store.close()
 
 
 def put(storage: BlobStorage, data: bytes, target: JobBlob | None = None) -> bytes:
@@ -38,7 +40,8 @@ def read(storage: BlobStorage, target: ContentKey | JobBlob) -> bytes:
 
 
 def files(directory: Path) -> list[Path]:
-    return [p for p in directory.rglob("*") if p.is_file()]
+    """The files under ``directory`` but the journal's segments, which are always there."""
+    return [p for p in directory.rglob("*") if p.is_file() and p.parent.name != "journal"]
 
 
 # 1. Nothing partial is ever visible.
