@@ -194,12 +194,18 @@ class Journal:
         """Checkpoints made so far (for tests and operators)."""
 
     def close(self) -> None:
-        """Wait for checkpoints under way, then close the files. What is not checkpointed
-        stays for the next start's replay."""
+        """Checkpoint what is not yet, so that the next start has nothing to replay, and
+        close the files. Call it once nothing appends any more."""
         with self._lock:
             self._closed = True
         for thread in self._background:
             thread.join()
+        dirty = [segment for segment in self._segments if segment.offset > _HEADER_BYTES]
+        with contextlib.suppress(OSError):  # then the next start replays them
+            if dirty:
+                sync_file_system(self._sync_fd)
+            for segment in dirty:
+                segment.reset(self._take_generation())
         for fd in [segment.fd for segment in self._segments] + [self._sync_fd]:
             os.close(fd)
 

@@ -49,6 +49,7 @@ BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 # Metrics read from BlobServer.status() at scrape time: (name, status field, help).
 _STATE_COUNTERS = (
     ("blobsvc_busy_refusals", "busy_refusals", "Connections refused with BUSY at the connection limit."),
+    ("blobsvc_journal_checkpoints", "journal_checkpoints", "Checkpoints of the journal of small PUTs (syncfs)."),
 )
 _STATE_GAUGES = (
     ("blobsvc_connections", "connections", "Open client connections."),

@@ -314,6 +314,8 @@ class BlobServer:
             "requests": requests,
             "requests_total": sum(requests.values()),
             "busy_refusals": self.slots.refused,
+            "journal_checkpoints": self.storage.checkpoints(),
+            "replayed_at_start": report.replayed,
             "removed_at_start": {
                 "staging": report.removed_staging,
                 "corrupt": len(report.removed_corrupt),

@@ -404,6 +404,10 @@ class BlobStorage:
         assert self._opened_journal is not None, "recover() first"
         return self._opened_journal
 
+    def checkpoints(self) -> int:
+        """The journal's checkpoints since :meth:`recover` (none before it, or after :meth:`close`)."""
+        return 0 if self._opened_journal is None else self._opened_journal.checkpoints
+
     def close(self) -> None:
         """Close the journal, once its checkpoints under way are done. :meth:`recover`
         opens it again."""
@@ -488,7 +492,8 @@ class BlobStorage:
             records = [_record(batch[i]) for i in journaled]
             for i in journaled:
                 batch[i].upload.write_journaled()
-            segment = self.journal.append(records) if records else None
+            with _disk_errors:
+                segment = self.journal.append(records) if records else None
         except Exception as exc:
             for i in journaled + sealed:
                 batch[i].upload.discard()

@@ -28,6 +28,7 @@ async def test_status_tells_what_the_server_stores_and_serves(server: BlobServer
     assert status["requests"] == {"PUT": 3, "STATUS": 1} and status["requests_total"] == 4
     assert status["uptime_seconds"] >= 0
     assert status["busy_refusals"] == status["uploads_in_flight"] == status["staging_files"] == 0
+    assert status["journal_checkpoints"] == status["replayed_at_start"] == 0
 
 
 async def test_stored_counts_follow_deletes(server: BlobServer, client: AsyncBlobClient) -> None:
@@ -37,6 +38,7 @@ async def test_stored_counts_follow_deletes(server: BlobServer, client: AsyncBlo
     await client.delete_job(job)
     status = await client.status()
     assert (status["blobs"], status["bytes"]) == (1, 7)
+    assert status["journal_checkpoints"] == 1  # the job's names were journaled: deleting them waited for one
     await client.put(b"x" * 100)
     await client.delete(key)
     assert (await client.status())["blobs"] == 1
