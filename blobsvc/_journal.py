@@ -60,6 +60,10 @@ __all__ = ["Journal", "Record", "SEGMENT_BYTES", "sync_file_system"]
 # couple of seconds under full load, and at most 64 MiB to replay at a start.
 SEGMENT_BYTES = 32 << 20
 _HEADER_BYTES = 4096  # a segment's header block; records follow it
+# A new segment file grows by this many zeros at a time, ahead of the records: an append
+# that grows the file makes its fdatasync allocate blocks and write the inode too, which
+# cost about four times the CPU of one that overwrites (benchmarks/RESULTS.md).
+_GROWTH = 4 << 20
 
 _SEGMENT_HEAD = struct.Struct("<4sQI")  # magic, generation, crc32 of both
 _SEGMENT_MAGIC = b"BSJ1"
@@ -138,6 +142,7 @@ class _Segment:
 
     def __init__(self, path: Path) -> None:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.size = os.fstat(self.fd).st_size
         self.generation = 0
         self.offset = _HEADER_BYTES
         self.state = _Segment.CLEAN
@@ -167,7 +172,9 @@ class _Segment:
     def reset(self, generation: int) -> None:
         """Start the segment over, empty, at ``generation``; durable before it returns."""
         head = _SEGMENT_MAGIC + struct.pack("<Q", generation)
-        os.pwrite(self.fd, head + _CRC.pack(zlib.crc32(head)), 0)
+        head += _CRC.pack(zlib.crc32(head))
+        os.pwrite(self.fd, head.ljust(_HEADER_BYTES, b"\0") if self.size < _HEADER_BYTES else head, 0)
+        self.size = max(self.size, _HEADER_BYTES)
         os.fdatasync(self.fd)
         self.generation, self.offset, self.marks = generation, _HEADER_BYTES, set()
 
@@ -256,6 +263,10 @@ class Journal:
     def _write(self, data: bytes) -> _Segment:
         segment = self._active
         try:
+            while segment.offset + len(data) > segment.size:
+                grown = min(segment.size + _GROWTH, self._segment_bytes)
+                os.pwrite(segment.fd, bytes(grown - segment.size), segment.size)
+                segment.size = grown
             written = os.pwrite(segment.fd, data, segment.offset)
             if written != len(data):
                 raise OSError(f"journal append cut short: {written} of {len(data)} bytes")

@@ -62,13 +62,13 @@ def test_replay_stops_at_a_torn_append(tmp_path: Path, damage: str) -> None:
     first, torn = record(b"acknowledged"), record(os.urandom(1000), "torn")
     journal.release(journal.append([first]))
     journal.release(journal.append([torn]))
-    segment = tmp_path / "0"
-    size = segment.stat().st_size
-    with open(segment, "r+b") as file:
+    start = 4096 + len(first.encode(0))  # the torn record's, after the header block
+    end = start + len(torn.encode(0))
+    with open(tmp_path / "0", "r+b") as file:
         if damage == "cut short":
-            file.truncate(size - 10)
+            file.truncate(end - 10)
         else:
-            offset = size - 20 if damage == "body changed" else size - len(torn.body) - 20
+            offset = end - 20 if damage == "body changed" else start + 20
             file.seek(offset)
             byte = file.read(1)
             file.seek(offset)
