@@ -113,7 +113,9 @@ def test_quick_put_ab_benchmark_measures_both_trees_in_the_same_seconds(tmp_path
     records = run_quick("benchmarks.bench_put_ab", "--tmp-dir", str(tmp_path), str(REPO), str(REPO))
     puts = [record for record in records if record.get("bench") == "put_4KiB"]
     assert len(puts) == 2 and all(record["ops"] > 0 and record["cpu_us"] > 0 for record in puts)
-    assert all(0 <= record["loop_user_us"] <= record["user_us"] for record in puts)
+    # The process's and its loop thread's times are read one after the other in 10 ms ticks,
+    # so the thread's share may exceed the whole by a tick at each end.
+    assert all(0 <= record["loop_user_us"] <= record["user_us"] + 20_000_000 / record["ops"] for record in puts)
     assert records[-1]["summary"]["median_cpu_us_per_put"][f"{REPO} x2"] > 0
     assert list(tmp_path.iterdir()) == []
 
