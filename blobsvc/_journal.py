@@ -30,9 +30,11 @@ What holds, and where it is pinned (``tests/test_journal.py``):
    a torn append was never acknowledged.
 
 Two segment files take turns: while one receives records, the other is checkpointed and
-cleared; a batch waits only when both are full. A segment is reused, not truncated (its
-header's generation tells its records from the last round's), so an append writes over
-allocated blocks and its ``fdatasync`` writes no metadata once the file has grown.
+cleared; a batch waits only when both are full. A clean :meth:`Journal.close` checkpoints
+what is left, so that the next start has nothing to replay. A segment is reused, not
+truncated (its header's generation tells its records from the last round's), and a new one
+grows by zeros ahead of its records, so that an append writes over allocated blocks and its
+``fdatasync`` writes no metadata.
 
 The cost of a checkpoint is ``syncfs``: it also writes whatever else is dirty on that file
 system, so a data directory on a disk shared with heavy writers checkpoints more slowly.
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import struct
 import threading
@@ -54,7 +57,9 @@ import blake3
 
 from ._protocol import JOB_SIZE, KEY_SIZE, JobBlob
 
-__all__ = ["Journal", "Record", "SEGMENT_BYTES", "sync_file_system"]
+__all__ = ["Journal", "Record", "SEGMENT_BYTES"]
+
+log = logging.getLogger("blobsvc.storage")
 
 # Each segment's size: at 4 KiB blobs about 8,000 records, so a checkpoint's syncfs every
 # couple of seconds under full load, and at most 64 MiB to replay at a start.
@@ -130,8 +135,8 @@ def _sync_file_system_call() -> Callable[[int], None]:
     return lambda fd: os.sync()
 
 
-sync_file_system = _sync_file_system_call()
-"""``sync_file_system(fd)``: make everything written on the file system of ``fd`` durable
+_sync_file_system = _sync_file_system_call()
+"""``_sync_file_system(fd)``: make everything written on the file system of ``fd`` durable
 (``syncfs``; ``sync`` where libc lacks it)."""
 
 
@@ -180,9 +185,9 @@ class _Segment:
 
 
 class Journal:
-    """The records of small publications not yet checkpointed, in ``directory``; ``sync_fd``
-    is a descriptor on the file system whose files the records describe (see the module
-    docstring). Methods may be called from any thread."""
+    """The records of small publications not yet checkpointed, in ``directory``, which must
+    be on the file system of the files they describe (see the module docstring). Methods
+    may be called from any thread."""
 
     def __init__(self, directory: Path, *, segment_bytes: int = SEGMENT_BYTES) -> None:
         directory.mkdir(exist_ok=True)
@@ -210,7 +215,7 @@ class Journal:
         dirty = [segment for segment in self._segments if segment.offset > _HEADER_BYTES]
         with contextlib.suppress(OSError):  # then the next start replays them
             if dirty:
-                sync_file_system(self._sync_fd)
+                _sync_file_system(self._sync_fd)
             for segment in dirty:
                 segment.reset(self._take_generation())
         for fd in [segment.fd for segment in self._segments] + [self._sync_fd]:
@@ -228,7 +233,7 @@ class Journal:
     def restart(self) -> None:
         """Make what replay returned durable (the caller has applied it: written again what
         had not reached the disk), clear both segments and start appending."""
-        sync_file_system(self._sync_fd)
+        _sync_file_system(self._sync_fd)
         with self._lock:
             for segment in self._segments:
                 segment.reset(self._take_generation())
@@ -309,9 +314,14 @@ class Journal:
     # --- checkpoints -----------------------------------------------------------------------
 
     def _checkpoint_soon(self, segment: _Segment) -> None:
-        with self._lock, contextlib.suppress(OSError):  # a failed one is tried again when needed
+        with self._lock:
             if segment.state == _Segment.FULL and not self._closed:
-                self._checkpoint(segment)
+                try:
+                    self._checkpoint(segment)
+                except OSError as exc:
+                    # Tried again by the append that needs the segment, which fails with the
+                    # error if it persists: small PUTs then fail rather than wait forever.
+                    log.warning("journal checkpoint failed, tried again when needed: %s", exc)
 
     def _checkpoint(self, segment: _Segment) -> None:
         """Make a full segment's files and names durable, then clear it. Lock held; released
@@ -322,7 +332,7 @@ class Journal:
         generation = self._take_generation()
         self._lock.release()
         try:
-            sync_file_system(self._sync_fd)
+            _sync_file_system(self._sync_fd)
             segment.reset(generation)
         except BaseException:
             self._lock.acquire()
