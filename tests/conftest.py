@@ -5,6 +5,8 @@
   and child processes).
 * ``spawn_server``: ``blobsvc serve`` as a child process, for crashes and signals; every
   child is killed by PID at teardown.
+* ``storage``: a recovered BlobStorage alone, closed at teardown; with :func:`put_streamed`
+  and :func:`read_blob`.
 """
 
 from __future__ import annotations
@@ -20,9 +22,32 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobServer, Settings
+from blobsvc._protocol import ContentKey, JobBlob
+from blobsvc.storage import BlobStorage
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Iterator[BlobStorage]:
+    store = BlobStorage(tmp_path / "data")
+    store.recover()
+    yield store
+    store.close()
+
+
+def put_streamed(storage: BlobStorage, data: bytes, target: JobBlob | None = None) -> bytes:
+    """Publish ``data`` as a large PUT is: streamed to its staging file, then fsynced."""
+    with storage.stage() as upload:
+        upload.write(data)
+        return storage.publish(upload, target, blake3.blake3(data).digest())
+
+
+def read_blob(storage: BlobStorage, target: ContentKey | JobBlob) -> bytes:
+    with storage.open_blob(target) as blob:
+        return os.pread(blob.fd, blob.size, 0)
 
 
 @pytest.fixture

@@ -71,13 +71,6 @@ class CallLog:
 
 
 @pytest.fixture
-def storage(tmp_path: Path) -> BlobStorage:
-    store = BlobStorage(tmp_path / "data")
-    store.recover()
-    return store
-
-
-@pytest.fixture
 def calls(storage: BlobStorage, monkeypatch: pytest.MonkeyPatch) -> Iterator[CallLog]:
     log = CallLog(storage.layout.root)
     for name, path_args in (("write", 1), ("fsync", 1), ("rename", 2), ("replace", 2), ("link", 2), ("unlink", 1)):

@@ -91,14 +91,6 @@ def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[DiskCalls]:
     yield DiskCalls(monkeypatch)
 
 
-@pytest.fixture
-def storage(tmp_path: Path) -> Iterator[BlobStorage]:
-    store = BlobStorage(tmp_path / "data")
-    store.recover()
-    yield store
-    store.close()
-
-
 def staged(
     storage: BlobStorage,
     data: bytes,

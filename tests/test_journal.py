@@ -8,7 +8,6 @@ before the next start.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import blake3
@@ -18,6 +17,8 @@ from blobsvc import NotFound
 from blobsvc._journal import Journal, Record
 from blobsvc._protocol import ContentKey, JobBlob, WholeJob
 from blobsvc.storage import BlobStorage, Publication
+
+from .conftest import put_streamed, read_blob
 
 JOB = bytes(range(16))
 
@@ -114,14 +115,6 @@ def test_settle_returns_once_no_record_of_the_mark_is_left(tmp_path: Path) -> No
 # --- the storage's promises, kept through the journal ---------------------------------------
 
 
-@pytest.fixture
-def storage(tmp_path: Path) -> Iterator[BlobStorage]:
-    store = BlobStorage(tmp_path / "data")
-    store.recover()
-    yield store
-    store.close()
-
-
 def publish_small(storage: BlobStorage, data: bytes, target: JobBlob | None = None) -> bytes:
     """Publish ``data`` as a small PUT is: held in memory, so journaled."""
     (key,) = storage.publish_batch([small(storage, data, target)])
@@ -131,18 +124,6 @@ def publish_small(storage: BlobStorage, data: bytes, target: JobBlob | None = No
 
 def small(storage: BlobStorage, data: bytes, target: JobBlob | None = None) -> Publication:
     return Publication(storage.stage_body(bytearray(data)), target, blake3.blake3(data).digest())
-
-
-def publish_large(storage: BlobStorage, data: bytes, target: JobBlob | None = None) -> bytes:
-    """Publish ``data`` as a large PUT is: streamed to its staging file and fsynced."""
-    with storage.stage() as upload:
-        upload.write(data)
-        return storage.publish(upload, target, blake3.blake3(data).digest())
-
-
-def read(storage: BlobStorage, target: ContentKey | JobBlob) -> bytes:
-    with storage.open_blob(target) as blob:
-        return os.pread(blob.fd, blob.size, 0)
 
 
 def restarted(storage: BlobStorage) -> BlobStorage:
@@ -174,7 +155,7 @@ def test_replay_restores_small_blobs_whose_bytes_and_names_never_reached_the_dis
     report = fresh.recover()  # a second start: the first cleared the journal
     assert report.replayed == 0
     for name, data in blobs.items():
-        assert read(fresh, targets[name]) == data
+        assert read_blob(fresh, targets[name]) == data
     fresh.close()
 
 
@@ -211,18 +192,18 @@ def test_a_small_blob_deleted_after_it_was_journaled_does_not_come_back(
 
 def test_a_name_replaced_by_a_large_upload_keeps_the_large_one_after_a_crash(storage: BlobStorage) -> None:
     publish_small(storage, b"small, first", JobBlob(JOB, "model"))
-    publish_large(storage, b"large, second" * 1000, JobBlob(JOB, "model"))
+    put_streamed(storage, b"large, second" * 1000, JobBlob(JOB, "model"))
     fresh = restarted(storage)
-    assert read(fresh, JobBlob(JOB, "model")) == b"large, second" * 1000
+    assert read_blob(fresh, JobBlob(JOB, "model")) == b"large, second" * 1000
     fresh.close()
 
 
 def test_a_name_replaced_by_a_link_keeps_the_link_after_a_crash(storage: BlobStorage) -> None:
     publish_small(storage, b"small, first", JobBlob(JOB, "model"))
-    key = publish_large(storage, b"linked, second" * 1000)
+    key = put_streamed(storage, b"linked, second" * 1000)
     storage.link(key, JobBlob(JOB, "model"))
     fresh = restarted(storage)
-    assert read(fresh, JobBlob(JOB, "model")) == b"linked, second" * 1000
+    assert read_blob(fresh, JobBlob(JOB, "model")) == b"linked, second" * 1000
     fresh.close()
 
 
@@ -236,7 +217,7 @@ def test_small_blobs_survive_many_checkpoints_and_a_crash(tmp_path: Path) -> Non
     assert storage.journal.checkpoints >= 5
     fresh = restarted(storage)
     for data in blobs:
-        assert read(fresh, ContentKey(blake3.blake3(data).digest())) == data
+        assert read_blob(fresh, ContentKey(blake3.blake3(data).digest())) == data
     fresh.close()
     storage.close()
 
@@ -246,5 +227,5 @@ def test_a_clean_stop_checkpoints_so_the_next_start_replays_nothing(storage: Blo
     storage.close()
     fresh = BlobStorage(storage.layout.root)
     assert fresh.recover().replayed == 0
-    assert read(fresh, ContentKey(key)) == b"kept"
+    assert read_blob(fresh, ContentKey(key)) == b"kept"
     fresh.close()

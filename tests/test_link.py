@@ -24,8 +24,9 @@ from blobsvc._protocol import (
 )
 from blobsvc.storage import BlobStorage
 
+from .conftest import put_streamed as put
+from .conftest import read_blob as read
 from .test_protocol import JOB, KEY, MODES, feed, server_after_hello
-from .test_storage import put, read
 
 OTHER_JOB = bytes(range(1, 17))
 
@@ -62,9 +63,7 @@ def test_link_takes_job_addressing_only(addressing: bytes) -> None:
     assert caught.value.code == 1
 
 
-def test_storage_links_content_under_a_job_name_and_replaces_atomically(tmp_path: Path) -> None:
-    storage = BlobStorage(tmp_path / "data")
-    storage.recover()
+def test_storage_links_content_under_a_job_name_and_replaces_atomically(storage: BlobStorage) -> None:
     key = put(storage, b"model")
     old = put(storage, b"older", JobBlob(JOB, "m"))
     assert storage.link(key, JobBlob(JOB, "m")) == 5
@@ -74,9 +73,7 @@ def test_storage_links_content_under_a_job_name_and_replaces_atomically(tmp_path
     assert storage.layout.object(key).stat().st_nlink == 3  # object, content name, job name
 
 
-def test_storage_links_content_that_only_another_job_names(tmp_path: Path) -> None:
-    storage = BlobStorage(tmp_path / "data")
-    storage.recover()
+def test_storage_links_content_that_only_another_job_names(storage: BlobStorage) -> None:
     key = put(storage, b"jar bytes", JobBlob(OTHER_JOB, "app.jar"))
     storage.link(key, JobBlob(JOB, "app.jar"))
     storage.delete(JobBlob(OTHER_JOB, "app.jar"))
@@ -85,9 +82,7 @@ def test_storage_links_content_that_only_another_job_names(tmp_path: Path) -> No
         storage.open_blob(ContentKey(key))
 
 
-def test_storage_link_of_absent_content_is_not_found_and_creates_nothing(tmp_path: Path) -> None:
-    storage = BlobStorage(tmp_path / "data")
-    storage.recover()
+def test_storage_link_of_absent_content_is_not_found_and_creates_nothing(storage: BlobStorage) -> None:
     with pytest.raises(NotFound, match="no blob with key"):
         storage.link(KEY, JobBlob(JOB, "x"))
     assert not storage.layout.job_dir(JOB).exists()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import blake3
@@ -16,27 +15,11 @@ from blobsvc._layout import decode_name, encode_name
 from blobsvc._protocol import ContentKey, JobBlob, WholeJob
 from blobsvc.storage import BlobStorage
 
+from .conftest import put_streamed as put
+from .conftest import read_blob as read
+
 JOB = bytes(range(16))
 OTHER_JOB = bytes(range(1, 17))
-
-
-@pytest.fixture
-def storage(tmp_path: Path) -> Iterator[BlobStorage]:
-    store = BlobStorage(tmp_path / "data")
-    store.recover()
-    yield store
-    store.close()
-
-
-def put(storage: BlobStorage, data: bytes, target: JobBlob | None = None) -> bytes:
-    with storage.stage() as upload:
-        upload.write(data)
-        return storage.publish(upload, target, blake3.blake3(data).digest())
-
-
-def read(storage: BlobStorage, target: ContentKey | JobBlob) -> bytes:
-    with storage.open_blob(target) as blob:
-        return os.pread(blob.fd, blob.size, 0)
 
 
 def files(directory: Path) -> list[Path]:
