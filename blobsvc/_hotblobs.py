@@ -19,6 +19,7 @@ Bounded by ``max_bytes`` (least recently used entries go first); safe from any t
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 from dataclasses import dataclass, field
@@ -71,9 +72,8 @@ class HotBlobs:
                     return None
             except OSError:
                 return None
-        with self._lock:
-            if target in self._entries:
-                self._entries.move_to_end(target)
+        with self._lock, contextlib.suppress(KeyError):  # forgotten meanwhile
+            self._entries.move_to_end(target)
         return entry
 
     def remember(self, target: ContentKey | JobBlob, generation: int, entry: HotBlob) -> None:
