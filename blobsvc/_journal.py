@@ -328,6 +328,8 @@ class Journal:
         while waiting on the disk."""
         while segment.users:
             self._changed.wait()
+        if segment.state != _Segment.FULL:
+            return  # another thread checkpointed it while this one waited
         segment.state = _Segment.SYNCING
         generation = self._take_generation()
         self._lock.release()
