@@ -55,6 +55,7 @@ from ._exceptions import (
 from ._ids import JobLike, KeyLike, hash_file, job_bytes, key_bytes
 from ._netio import SocketStream, connect
 from ._pages import address_of, fresh_bytearray, prefault
+from ._preallocate import preallocate
 from ._protocol import (
     CLOSED,
     NEED_DATA,
@@ -345,8 +346,10 @@ class _MemorySink(_Sink):
 class _FileSink(_Sink):
     """Receives into a few buffers of ``BODY_BUFFER`` bytes that the worker hashes and
     writes (``os.pwrite``) in turn, so a download holds at most ``BODY_BUFFERS`` of them in
-    memory, whatever the blob's size. With ``fsync`` the disk starts on each written piece
-    at once (the caller fsyncs at the end). ``fd`` stays the caller's to close."""
+    memory, whatever the blob's size. The file gets the disk blocks of the whole blob before
+    its first byte (:func:`~blobsvc._preallocate.preallocate`). With ``fsync`` the disk starts
+    on each written piece at once (the caller fsyncs at the end). ``fd`` stays the caller's
+    to close."""
 
     def __init__(self, fd: int, size: int = 0, hasher: Any = None, *, fsync: bool = False) -> None:
         super().__init__(hasher, size)
@@ -361,6 +364,8 @@ class _FileSink(_Sink):
 
     def begin(self, total: int) -> None:
         self._total = total
+        if self.fd >= 0:  # a full disk is told before the body is read, not after
+            preallocate(self.fd, self.size, total - self.size)
 
     async def room(self, most: int) -> memoryview:
         if self._buffer is None:

@@ -50,6 +50,7 @@ from ._hotblobs import HotBlob, HotBlobs
 from ._ids import hash_file
 from ._journal import SEGMENT_BYTES, Journal, Record
 from ._layout import Layout, decode_name, key_from_filename
+from ._preallocate import preallocate
 from ._protocol import ContentKey, JobBlob, ListEntry, WholeJob
 from ._writeback import fsync_dir, start_writeback
 
@@ -151,10 +152,12 @@ class StagedUpload:
     or publication, on a worker thread. The event loop that receives it then makes no file
     system call for it, and one refused or cut short creates no file. One made with its
     ``body`` (received whole) holds those bytes as they are, and hashes them only when its
-    :meth:`digest` is asked for (by its publication, on a worker thread).
+    :meth:`digest` is asked for (by its publication, on a worker thread). One whose size is
+    known (``reserve``) gets that many bytes of disk blocks with its file (see
+    :mod:`blobsvc._preallocate`).
     """
 
-    def __init__(self, path: str, *, in_memory: bool = False, body: bytearray | None = None) -> None:
+    def __init__(self, path: str, *, in_memory: bool = False, body: bytearray | None = None, reserve: int = 0) -> None:
         self.location = path
         """The staging file's path, for system calls (a :class:`Path` costs a small PUT more
         to make than to use)."""
@@ -169,14 +172,19 @@ class StagedUpload:
             self._hasher = blake3.blake3()
             self._buffer: bytearray | None = bytearray() if in_memory else None
             if not in_memory:
-                self._create()
+                self._create(reserve)
         else:
             self.size, self._hasher, self._buffer = len(body), None, body
 
-    def _create(self) -> None:
+    def _create(self, reserve: int = 0) -> None:
         with _disk_errors:
             self._fd = os.open(self.location, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._owns_path = True
+            self._owns_path = True
+            try:
+                preallocate(self._fd, 0, reserve)
+            except BaseException:
+                self.discard()  # the constructor raises: nobody else will remove the file
+                raise
 
     def _write_file(self, data: bytes | bytearray | memoryview) -> None:
         assert self._fd is not None, "write after the upload was finished"
@@ -432,9 +440,12 @@ class BlobStorage:
 
     def stage(self, size: int | None = None) -> StagedUpload:
         """A new upload; one announced (``size``) to be at most :data:`MEMORY_STAGING_LIMIT`
-        bytes is held in memory until it is published."""
-        in_memory = size is not None and size <= MEMORY_STAGING_LIMIT
-        return StagedUpload(self._staging_name(), in_memory=in_memory)
+        bytes is held in memory until it is published. A larger one gets the disk blocks of
+        its size at once: a disk that cannot hold it raises :class:`InsufficientStorage`
+        before a byte of it is received."""
+        if size is not None and size <= MEMORY_STAGING_LIMIT:
+            return StagedUpload(self._staging_name(), in_memory=True)
+        return StagedUpload(self._staging_name(), reserve=size or 0)
 
     def stage_body(self, body: bytearray) -> StagedUpload:
         """An upload of ``body``, received whole and at most :data:`MEMORY_STAGING_LIMIT`

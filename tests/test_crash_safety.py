@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -413,6 +414,46 @@ async def test_a_put_bigger_than_the_free_space_gets_insufficient_storage_and_le
         later = os.urandom(3 * MiB)
         assert await client.put(later) == digest(later).hex()
         assert await client.get(digest(later).hex()) == later
+
+
+async def test_a_put_the_disk_cannot_hold_is_refused_before_its_body_is_read(
+    settings: Settings, small_disk: Path
+) -> None:
+    """The server reserves an upload's announced size when the upload starts, so a client
+    learns of the full disk at once, not after sending all the disk could take (here it
+    sends one piece of 12 MiB and waits: without the reservation no answer ever comes)."""
+    data_dir = small_disk / "data"
+    async with BlobServer(replace(settings, data_dir=data_dir)) as server:
+        reader, writer = await asyncio.open_connection(*server.address)
+        try:
+            writer.write(HELLO + put_header(12 * MiB) + os.urandom(64 << 10))
+            await writer.drain()
+            async with asyncio.timeout(STEP / 2):
+                assert await reader.readexactly(6) == HELLO
+                status, code, length = struct.unpack("<BHI", await reader.readexactly(7))
+                assert (status, code) == (0x01, INSUFFICIENT_STORAGE)
+                assert "full" in (await reader.readexactly(length)).decode("utf-8")
+        finally:
+            writer.close()
+        await assert_no_staging(data_dir)
+
+
+async def test_a_download_the_disk_cannot_hold_fails_before_its_body_and_leaves_no_file(
+    server: BlobServer, small_disk: Path
+) -> None:
+    """``get_file`` reserves the blob's size before reading its body: a full disk is an
+    OSError at once, with no byte received, no partial file, and a connection that is not
+    reused with the unread body on it."""
+    data = os.urandom(12 * MiB)
+    received: list[int] = []
+    async with AsyncBlobClient(server.address, timeout=STEP, retries=0) as client:
+        key = await client.put(data)
+        with pytest.raises(OSError) as failure:
+            await client.get_file(small_disk / "model.bin", key, progress=received.append)
+        assert failure.value.errno == errno.ENOSPC
+        assert received == []
+        assert os.listdir(small_disk) == []
+        assert await client.get(key) == data
 
 
 async def test_a_small_put_on_a_full_disk_gets_insufficient_storage_and_close(
