@@ -33,4 +33,3 @@ def test_a_file_that_cannot_have_blocks_is_left_alone() -> None:
     finally:
         os.close(read_end)
         os.close(write_end)
-
