@@ -52,10 +52,10 @@ from ._exceptions import (
     TransportError,
     error_for_code,
 )
+from ._filewrite import preallocate, pwrite_all
 from ._ids import JobLike, KeyLike, hash_file, job_bytes, key_bytes
 from ._netio import SocketStream, connect
 from ._pages import address_of, fresh_bytearray, prefault
-from ._preallocate import preallocate
 from ._protocol import (
     CLOSED,
     NEED_DATA,
@@ -347,9 +347,9 @@ class _FileSink(_Sink):
     """Receives into a few buffers of ``BODY_BUFFER`` bytes that the worker hashes and
     writes (``os.pwrite``) in turn, so a download holds at most ``BODY_BUFFERS`` of them in
     memory, whatever the blob's size. The file gets the disk blocks of the whole blob before
-    its first byte (:func:`~blobsvc._preallocate.preallocate`). With ``fsync`` the disk starts
-    on each written piece at once (the caller fsyncs at the end). ``fd`` stays the caller's
-    to close."""
+    its first byte, and each buffer is written in pieces the page cache takes cheaply (see
+    :mod:`blobsvc._filewrite`). With ``fsync`` the disk starts on each written buffer at once
+    (the caller fsyncs at the end). ``fd`` stays the caller's to close."""
 
     def __init__(self, fd: int, size: int = 0, hasher: Any = None, *, fsync: bool = False) -> None:
         super().__init__(hasher, size)
@@ -393,12 +393,9 @@ class _FileSink(_Sink):
         (self._busy if queued else self._free).append(buffer)
 
     def _write(self, view: memoryview, *, offset: int) -> None:
-        start, count = offset, len(view)
-        while view:
-            written = os.pwrite(self.fd, view, offset)
-            view, offset = view[written:], offset + written
+        pwrite_all(self.fd, view, offset)
         if self.fsync:
-            start_writeback(self.fd, start, count)
+            start_writeback(self.fd, offset, len(view))
 
     async def digest(self) -> bytes:
         self._hand_over()

@@ -46,11 +46,11 @@ from typing import TypeVar
 import blake3
 
 from ._exceptions import DigestMismatch, InsufficientStorage, InternalError, NotFound
+from ._filewrite import preallocate, pwrite_all
 from ._hotblobs import HotBlob, HotBlobs
 from ._ids import hash_file
 from ._journal import SEGMENT_BYTES, Journal, Record
 from ._layout import Layout, decode_name, key_from_filename
-from ._preallocate import preallocate
 from ._protocol import ContentKey, JobBlob, ListEntry, WholeJob
 from ._writeback import fsync_dir, start_writeback
 
@@ -154,7 +154,7 @@ class StagedUpload:
     ``body`` (received whole) holds those bytes as they are, and hashes them only when its
     :meth:`digest` is asked for (by its publication, on a worker thread). One whose size is
     known (``reserve``) gets that many bytes of disk blocks with its file (see
-    :mod:`blobsvc._preallocate`).
+    :mod:`blobsvc._filewrite`).
     """
 
     def __init__(self, path: str, *, in_memory: bool = False, body: bytearray | None = None, reserve: int = 0) -> None:
@@ -186,12 +186,10 @@ class StagedUpload:
                 self.discard()  # the constructor raises: nobody else will remove the file
                 raise
 
-    def _write_file(self, data: bytes | bytearray | memoryview) -> None:
+    def _write_file(self, data: bytes | bytearray | memoryview, offset: int) -> None:
         assert self._fd is not None, "write after the upload was finished"
-        view = memoryview(data)
         with _disk_errors:
-            while view:
-                view = view[os.write(self._fd, view) :]
+            pwrite_all(self._fd, data, offset)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         assert self._hasher is not None, "an upload received whole takes no more bytes"
@@ -199,7 +197,7 @@ class StagedUpload:
         if self._buffer is not None:
             self._buffer += data
         else:
-            self._write_file(data)
+            self._write_file(data, self.size)
         self.size += len(data)
 
     def digest(self) -> bytes:
@@ -245,7 +243,7 @@ class StagedUpload:
         if self._buffer is not None:
             buffer, self._buffer = self._buffer, None
             self._create()
-            self._write_file(buffer)
+            self._write_file(buffer, 0)
 
     def seal(self) -> None:
         """Make every byte written durable and learn :attr:`inode`; the upload takes no more

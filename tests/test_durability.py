@@ -2,7 +2,7 @@
 
 Power loss cannot be shown by a real part in a test: what survives it depends on the order
 in which bytes and names reach the disk. So the storage tests here record the calls that
-matter (``os.write``, ``os.fsync``, ``os.rename``/``os.replace``/``os.link``, ``os.unlink``)
+matter (``os.pwrite``, ``os.fsync``, ``os.rename``/``os.replace``/``os.link``, ``os.unlink``)
 with the file each one touched, and check their order: a staging file is fsynced before it
 is linked into ``objects/``, and each directory that gained a name is
 fsynced after, before ``publish`` returns. Everything else uses real parts: a real server, a real cut connection,
@@ -73,7 +73,7 @@ class CallLog:
 @pytest.fixture
 def calls(storage: BlobStorage, monkeypatch: pytest.MonkeyPatch) -> Iterator[CallLog]:
     log = CallLog(storage.layout.root)
-    for name, path_args in (("write", 1), ("fsync", 1), ("rename", 2), ("replace", 2), ("link", 2), ("unlink", 1)):
+    for name, path_args in (("pwrite", 1), ("fsync", 1), ("rename", 2), ("replace", 2), ("link", 2), ("unlink", 1)):
         monkeypatch.setattr(os, name, log.wrap(name, getattr(os, name), path_args))
     yield log
 
@@ -92,7 +92,7 @@ def test_a_content_blob_is_fsynced_before_its_first_link_and_its_directories_aft
     def staged(paths: tuple[str, ...]) -> bool:
         return paths[0].startswith("incoming/")
 
-    written = calls.index("write", staged)
+    written = calls.index("pwrite", staged)
     synced = calls.index("fsync", staged)
     stored = calls.index("link", lambda paths: staged(paths) and paths[1] == f"objects/{key}")
     objects_synced = calls.index("fsync", lambda paths: paths == ("objects",))
