@@ -135,3 +135,12 @@ def test_quick_transfer_ab_benchmark_measures_both_trees_in_turn(tmp_path: Path)
     assert len(transfers) == 6 and all(record["MB_s"] > 0 and record["client_cpu_ms"] > 0 for record in transfers)
     assert records[-1]["summary"]["median_ratio_to_baseline"][f"put {REPO}"] > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_quick_pages_benchmark_times_recycled_and_idle_pages_of_both_kinds(tmp_path: Path) -> None:
+    records = run_quick("benchmarks.bench_pages", "--tmp-dir", str(tmp_path))
+    kinds = {record["bench"]: record for record in records if "median_MB_s" in record}
+    assert set(kinds) == {"file_recycled", "file_idle", "memory_recycled", "memory_idle"}
+    assert all(record["median_MB_s"] > 0 and record["cpu_ns_per_byte"] > 0 for record in kinds.values())
+    assert set(records[-1]["summary"]) == {"file_idle_over_recycled", "memory_idle_over_recycled"}
+    assert list(tmp_path.iterdir()) == []
