@@ -5,9 +5,11 @@ loopback ``sendfile``, which receives into one reused buffer and never pays it.
 A VM whose kernel reports free pages to its hypervisor (virtio-balloon's free page
 reporting) gives back what lies free for a moment; the next first write of such a page
 faults in the hypervisor before the guest can use it. Each round writes ``--size-mib`` into
-a new file (the page cache, as ``get_file`` and the server's uploads do) and into a new
-``bytearray`` (as ``get()`` does), twice each: right after the same amount was freed
-(``recycled``: the pages come straight back) and after ``--idle`` seconds of rest
+a new file (the page cache, as ``get_file`` and the server's uploads do), 8 MiB a call
+(``file_8MiB``) and :data:`~blobsvc._filewrite.WRITE_PIECE` a call as blobsvc does
+(``file_256KiB``: the kernel sizes page-cache folios by the write), and into a new
+``bytearray`` (``memory``, as ``get()`` does), twice each: right after the same amount was
+freed (``recycled``: the pages come straight back) and after ``--idle`` seconds of rest
 (``idle``: they may have been given away meanwhile). CPU seconds are the writing thread's:
 a fault in the hypervisor counts as the guest's time. Where the kernel says how much it
 reported (``/sys/module/page_reporting/parameters/reported_kib``), each line gives how many
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from blobsvc import _measure as m
+from blobsvc._filewrite import WRITE_PIECE
 
 MiB = 1 << 20
 PIECE = 8 * MiB  # as a download's buffers
@@ -46,14 +49,16 @@ def _reported_mib() -> float | None:
         return None
 
 
-def _into_file(directory: str, size: int, piece: bytes) -> Callable[[], None]:
-    """Writes ``size`` bytes into a new file and drops the last one, whose pages are then free."""
+def _into_file(directory: str, size: int, piece: bytes, per_call: int) -> Callable[[], None]:
+    """Writes ``size`` bytes into a new file, ``per_call`` bytes a call, then drops the file,
+    whose pages are then free."""
     path = os.path.join(directory, "pages.bin")
+    view = memoryview(piece)
 
     def write() -> None:
         with open(path, "wb", buffering=0) as out:
-            for offset in range(0, size, len(piece)):
-                os.pwrite(out.fileno(), piece, offset)
+            for offset in range(0, size, per_call):
+                os.pwrite(out.fileno(), view[offset % len(piece) :][:per_call], offset)
         os.unlink(path)
 
     return write
@@ -93,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     piece = os.urandom(min(PIECE, size))
     size -= size % len(piece)
     work = tempfile.mkdtemp(prefix="blobsvc-pages-", dir=m.choose_tmp_parent(args.tmp_dir))
-    targets = {"file": _into_file(work, size, piece), "memory": _into_memory(size, piece)}
+    targets = {
+        "file_8MiB": _into_file(work, size, piece, len(piece)),
+        f"file_{WRITE_PIECE >> 10}KiB": _into_file(work, size, piece, min(WRITE_PIECE, len(piece))),
+        "memory": _into_memory(size, piece),
+    }
     runs: dict[str, list[tuple[float, float, float | None]]] = {
         f"{target}_{state}": [] for target in targets for state in ("recycled", "idle")
     }
