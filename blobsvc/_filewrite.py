@@ -6,7 +6,7 @@ in pieces of :data:`WRITE_PIECE`.
 size as it is, so that a partial download still tells by its size how much it holds. A disk
 that cannot hold the file says so (ENOSPC, EDQUOT) before any byte is moved, not hundreds of
 megabytes later; and each write finds its blocks allocated (on ext4, 256 MiB into a new
-file's page cache: 26-33 ms of CPU against 45-48 ms). ``posix_fallocate`` is not used: where
+file's page cache: 26-33 ms of CPU against 45-52 ms). ``posix_fallocate`` is not used: where
 the file system cannot preallocate, glibc emulates it by writing a zero into every block, and
 it makes the file as large as the space asked for. Where the call is missing (not Linux) or
 the file system refuses it (EOPNOTSUPP: some network file systems), nothing is reserved and
@@ -15,10 +15,11 @@ the writes allocate as they go, as before.
 Why pieces: the kernel sizes the page-cache folios of a write by the write's length, up to
 2 MiB. On a VM whose kernel hands free memory back to its hypervisor (free page reporting,
 which works on blocks of 2 MiB and up), 2 MiB folios come from blocks given away when they
-lay free for a few seconds, and each such block faults in the hypervisor on first write: a
-256 MiB download written 8 MiB at a time ran at 420-810 MB/s after a few seconds of rest, and
-at 5,200-6,200 MB/s written 256-512 KiB at a time, which is no slower on a machine without
-the effect (``benchmarks/bench_pages.py``; issue 9, benchmarks/RESULTS.md).
+lay free for a few seconds, and each such block faults in the hypervisor on first write.
+Writing 256 MiB into a new file 8 MiB a call ran at 549 MB/s (median) after 5 s of rest
+against 4,330 MB/s right after as much was freed; 256 KiB a call, at 4,269 against 4,212,
+as fast as 8 MiB a call where nothing is handed back (``benchmarks/bench_pages.py``; issue 9,
+benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
