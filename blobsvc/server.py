@@ -117,6 +117,9 @@ INLINE_WRITE_LIMIT = 256 << 10
 # the fsync of publication waits for the last few MiB only, not for a whole blob that the page
 # cache would otherwise hold back until then (64-256 MiB uploads spent half their time there).
 WRITEBACK_STEP = 4 << 20
+# Uploads up to this size have their disk blocks reserved on the event loop (0.15 ms for
+# 64 MiB on ext4); a larger reservation goes to a worker thread.
+RESERVE_ON_LOOP_LIMIT = 64 << 20
 # Smaller GET bodies go out with their header in one send; sendfile pays off above this.
 INLINE_READ_LIMIT = 64 << 10
 
@@ -531,7 +534,7 @@ class _Connection(Connection):
         limit = self.settings.max_blob_size
         if request.length > limit:
             raise TooLarge(f"{request.length} bytes is over this server's limit of {limit}")
-        with self.storage.stage(request.length) as upload:
+        with await self._stage(request.length) as upload:
             # A small body often came whole with its header: nothing to wait for, no timer.
             deadline = (
                 contextlib.nullcontext()
@@ -550,6 +553,21 @@ class _Connection(Connection):
             key = await _finish(self.server.committer.publish(upload, request.target, digest))
         await self.server.ha.acknowledge()
         await self._send(PutOk(key))
+
+    async def _stage(self, length: int) -> StagedUpload:
+        """The staging of an upload of ``length`` bytes. Reserving a large one's disk blocks
+        takes a worker thread: milliseconds for gigabytes (15 ms for 8 GiB), which every other
+        connection of the loop would wait out."""
+        if length <= RESERVE_ON_LOOP_LIMIT:
+            return self.storage.stage(length)
+        staging = asyncio.get_running_loop().run_in_executor(None, self.storage.stage, length)
+        try:
+            await wait_out(staging)
+        except asyncio.CancelledError:
+            if staging.exception() is None:
+                staging.result().discard()  # nobody else knows of its file
+            raise
+        return staging.result()
 
     async def _receive_body(self, upload: StagedUpload) -> bytes:
         """Write the PUT body to ``upload`` as it arrives; returns the trailer's digest.

@@ -27,6 +27,7 @@ import blake3
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobClient, BlobServer, BlobStorage, InsufficientStorage, NotFound, Settings
+from blobsvc.server import RESERVE_ON_LOOP_LIMIT
 from blobsvc.storage import Publication, StagedUpload
 
 from .conftest import ServerProcess, assert_no_staging, staging_files
@@ -416,17 +417,19 @@ async def test_a_put_bigger_than_the_free_space_gets_insufficient_storage_and_le
         assert await client.get(digest(later).hex()) == later
 
 
+@pytest.mark.parametrize("length", [12 * MiB, RESERVE_ON_LOOP_LIMIT + MiB])
 async def test_a_put_the_disk_cannot_hold_is_refused_before_its_body_is_read(
-    settings: Settings, small_disk: Path
+    settings: Settings, small_disk: Path, length: int
 ) -> None:
-    """The server reserves an upload's announced size when the upload starts, so a client
-    learns of the full disk at once, not after sending all the disk could take (here it
-    sends one piece of 12 MiB and waits: without the reservation no answer ever comes)."""
+    """The server reserves an upload's announced size when the upload starts (on the loop,
+    or on a worker thread for a large one), so a client learns of the full disk at once, not
+    after sending all the disk could take (here it sends one piece and waits: without the
+    reservation no answer ever comes)."""
     data_dir = small_disk / "data"
-    async with BlobServer(replace(settings, data_dir=data_dir)) as server:
+    async with BlobServer(replace(settings, data_dir=data_dir, max_blob_size=2 * length)) as server:
         reader, writer = await asyncio.open_connection(*server.address)
         try:
-            writer.write(HELLO + put_header(12 * MiB) + os.urandom(64 << 10))
+            writer.write(HELLO + put_header(length) + os.urandom(64 << 10))
             await writer.drain()
             async with asyncio.timeout(STEP / 2):
                 assert await reader.readexactly(6) == HELLO

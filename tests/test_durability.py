@@ -15,20 +15,21 @@ import asyncio
 import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from blobsvc import AsyncBlobClient, BlobClient, BlobServer, BlobStorage, DigestMismatch
+from blobsvc import AsyncBlobClient, BlobClient, BlobServer, BlobStorage, DigestMismatch, Settings
 from blobsvc._protocol import JobBlob
 from blobsvc.cache import BlobCache, TooLargeForCache
+from blobsvc.server import RESERVE_ON_LOOP_LIMIT
 from blobsvc.storage import StagedUpload
 
 from .conftest import CuttingProxy, ServerThread
 from .test_client import flip_byte
-from .test_server_faults import STEP, digest, put_header, raw_connection
+from .test_server_faults import STEP, MiB, digest, put_header, raw_connection
 
 JOB = bytes.fromhex("d0000000000000000000000000000001")
 
@@ -116,6 +117,29 @@ def test_a_job_name_is_replaced_in_one_rename_never_unlinked_first(storage: Blob
     assert replaced < synced
     with storage.open_blob(target) as blob:
         assert os.pread(blob.fd, 100, 0) == b"version 2"
+
+
+async def test_only_a_large_put_reserves_its_blocks_off_the_event_loop(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reserving gigabytes takes milliseconds, which every connection of the loop would wait
+    out: above RESERVE_ON_LOOP_LIMIT the staging file is made on a worker thread. The
+    threads are read by wrapping the real ``BlobStorage.stage`` (a spy: it still runs)."""
+    on_loop: list[bool] = []
+    real_stage = BlobStorage.stage
+
+    def recording_stage(storage: BlobStorage, size: int | None = None) -> StagedUpload:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return real_stage(storage, size)
+
+    monkeypatch.setattr(BlobStorage, "stage", recording_stage)
+    async with (
+        BlobServer(replace(settings, max_blob_size=2 * RESERVE_ON_LOOP_LIMIT)) as server,
+        AsyncBlobClient(server.address, timeout=STEP, retries=0) as client,
+    ):
+        await client.put(os.urandom(MiB))
+        await client.put(bytes(RESERVE_ON_LOOP_LIMIT + 1))
+    assert on_loop == [True, False]
 
 
 async def test_a_large_put_starts_the_disk_on_its_bytes_before_its_body_ends(
