@@ -349,13 +349,14 @@ class Ceiling:
 
     def __init__(self, work: Path) -> None:
         self.work = work
+        self._buffers: dict[int, memoryview] = {}
 
     def measure(self, result: Throughput, op: str, size: int) -> None:
         source = self.work / f"ceiling-{size}.bin"
         if not source.exists():
             make_source(source, size)
         if op == "get":
-            view = memoryview(bytearray(size))
+            view = self._buffers.setdefault(size, memoryview(bytearray(size)))
             receive: Callable[[socket.socket], None] = functools.partial(recv_into_all, view=view)
         else:
             sink = self.work / "ceiling-sink.bin"
