@@ -356,8 +356,9 @@ class Ceiling:
         if not source.exists():
             make_source(source, size)
         if op == "get":
-            view = self._buffers.setdefault(size, memoryview(bytearray(size)))
-            receive: Callable[[socket.socket], None] = functools.partial(recv_into_all, view=view)
+            if size not in self._buffers:
+                self._buffers[size] = memoryview(bytearray(size))
+            receive: Callable[[socket.socket], None] = functools.partial(recv_into_all, view=self._buffers[size])
         else:
             sink = self.work / "ceiling-sink.bin"
             sink.unlink(missing_ok=True)
