@@ -433,9 +433,9 @@ async def test_a_put_the_disk_cannot_hold_is_refused_before_its_body_is_read(
             await writer.drain()
             async with asyncio.timeout(STEP / 2):
                 assert await reader.readexactly(6) == HELLO
-                status, code, length = struct.unpack("<BHI", await reader.readexactly(7))
+                status, code, message_length = struct.unpack("<BHI", await reader.readexactly(7))
                 assert (status, code) == (0x01, INSUFFICIENT_STORAGE)
-                assert "full" in (await reader.readexactly(length)).decode("utf-8")
+                assert "full" in (await reader.readexactly(message_length)).decode("utf-8")
         finally:
             writer.close()
         await assert_no_staging(data_dir)
