@@ -581,11 +581,13 @@ class AsyncBlobClient:
             os.replace(temp, dest)
             if fsync:
                 await asyncio.to_thread(fsync_dir, dest.parent)  # the name, as durable as the bytes
-        except BaseException:
+        except BaseException as exc:
             if fd >= 0:
                 os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
+            if isinstance(exc, OSError) and exc.filename is None:  # a full disk: say where
+                raise OSError(exc.errno, exc.strerror, os.fspath(dest)) from exc
             raise
         return info
 

@@ -454,6 +454,7 @@ async def test_a_download_the_disk_cannot_hold_fails_before_its_body_and_leaves_
         with pytest.raises(OSError) as failure:
             await client.get_file(small_disk / "model.bin", key, progress=received.append)
         assert failure.value.errno == errno.ENOSPC
+        assert failure.value.filename == str(small_disk / "model.bin")
         assert received == []
         assert os.listdir(small_disk) == []
         assert await client.get(key) == data
