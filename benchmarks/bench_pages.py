@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from blobsvc import _measure as m
-from blobsvc._filewrite import WRITE_PIECE
+from blobsvc._filewrite import WRITE_PIECE, pwrite_all
 
 MiB = 1 << 20
 PIECE = 8 * MiB  # as a download's buffers
@@ -49,16 +49,17 @@ def _reported_mib() -> float | None:
         return None
 
 
-def _into_file(directory: str, size: int, piece: bytes, per_call: int) -> Callable[[], None]:
-    """Writes ``size`` bytes into a new file, ``per_call`` bytes a call, then drops the file,
-    whose pages are then free."""
+def _into_file(
+    directory: str, size: int, piece: bytes, write_piece: Callable[[int, bytes, int], object]
+) -> Callable[[], None]:
+    """Writes ``size`` bytes into a new file, ``piece`` by ``piece`` with ``write_piece(fd,
+    piece, offset)``, then drops the file, whose pages are then free."""
     path = os.path.join(directory, "pages.bin")
-    view = memoryview(piece)
 
     def write() -> None:
         with open(path, "wb", buffering=0) as out:
-            for offset in range(0, size, per_call):
-                os.pwrite(out.fileno(), view[offset % len(piece) :][:per_call], offset)
+            for offset in range(0, size, len(piece)):
+                write_piece(out.fileno(), piece, offset)
         os.unlink(path)
 
     return write
@@ -99,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     size -= size % len(piece)
     work = tempfile.mkdtemp(prefix="blobsvc-pages-", dir=m.choose_tmp_parent(args.tmp_dir))
     targets = {
-        "file_8MiB": _into_file(work, size, piece, len(piece)),
-        f"file_{WRITE_PIECE >> 10}KiB": _into_file(work, size, piece, min(WRITE_PIECE, len(piece))),
+        "file_8MiB": _into_file(work, size, piece, os.pwrite),
+        f"file_{WRITE_PIECE >> 10}KiB": _into_file(work, size, piece, pwrite_all),  # blobsvc's own writes
         "memory": _into_memory(size, piece),
     }
     runs: dict[str, list[tuple[float, float, float | None]]] = {
