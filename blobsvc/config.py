@@ -22,6 +22,7 @@ from ._exceptions import InvalidArgument
 
 __all__ = [
     "DEFAULT_CACHE_MAX_BYTES",
+    "DEFAULT_AGENT_PORT",
     "DEFAULT_CLEANUP_INTERVAL",
     "DEFAULT_PORT",
     "ENV_PREFIX",
@@ -32,6 +33,8 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 6130
+# The agent's port on every executor host: the server's port plus one, easy to remember.
+DEFAULT_AGENT_PORT = 6131
 # Flink keeps a released job's blobs for an hour (blob.service.cleanup.interval = 3600 s): long
 # enough for the next stage or a retried job to find them, short enough not to hoard.
 DEFAULT_CLEANUP_INTERVAL = 3600.0
@@ -84,6 +87,18 @@ def _parse_server(text: str) -> str:
         parse_zk_url(text)
     else:
         parse_address(text)
+    return text
+
+
+def _parse_agent_url(text: str | None) -> str | None:
+    """``http://host:port`` of a blobsvc agent, without a path; None or empty for none. Plain
+    HTTP only: an agent serves the host it runs on (see ``agent_host``)."""
+    text = (text or "").strip().rstrip("/")
+    if not text:
+        return None
+    match = re.fullmatch(r"(http)://(\[[0-9a-fA-F:.]+\]|[^/\s:?#\[\]]+):(\d{1,5})", text)
+    if match is None or not 0 < int(match[3]) < 65536:
+        raise ValueError(f"not an agent URL: {text!r} (try http://127.0.0.1:{DEFAULT_AGENT_PORT})")
     return text
 
 
@@ -289,6 +304,15 @@ class Settings:
     )
     cleanup_interval: float = _setting(
         DEFAULT_CLEANUP_INTERVAL, _parse_interval, "Seconds a job's cached files stay after its last release."
+    )
+    # agent
+    agent_host: str = _setting("127.0.0.1", str, "Address the agent listens on; keep it on loopback.")
+    agent_port: str = _setting(str(DEFAULT_AGENT_PORT), _parse_port, "Port of the agent's HTTP face, 0 for any free one.")
+    agent_url: str | None = _setting(
+        None,
+        _parse_agent_url,
+        "http://HOST:PORT of the blobsvc agent, the same on every executor host (and the driver's): "
+        "jars and packed environments then come through each host's cache.",
     )
     # both
     secret_file: Path | None = _setting(

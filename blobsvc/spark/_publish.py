@@ -29,6 +29,7 @@ CONF_KEYS = {
     "cleanup_interval": "spark.blobsvc.cleanupInterval",
     "cache_max_bytes": "spark.blobsvc.cacheMaxBytes",
     "http_port": "spark.blobsvc.httpPort",
+    "agent_url": "spark.blobsvc.agent",
     "tls_ca": "spark.blobsvc.tlsCa",
     "tls_client_cert": "spark.blobsvc.tlsClientCert",
     "tls_client_key": "spark.blobsvc.tlsClientKey",
