@@ -307,7 +307,9 @@ class Settings:
     )
     # agent
     agent_host: str = _setting("127.0.0.1", str, "Address the agent listens on; keep it on loopback.")
-    agent_port: str = _setting(str(DEFAULT_AGENT_PORT), _parse_port, "Port of the agent's HTTP face, 0 for any free one.")
+    agent_port: str = _setting(
+        str(DEFAULT_AGENT_PORT), _parse_port, "Port of the agent's HTTP face, 0 for any free one."
+    )
     agent_url: str | None = _setting(
         None,
         _parse_agent_url,
