@@ -43,6 +43,28 @@ def start_session(work_dir: Path, conf: dict[str, str], *, name: str = "blobsvc-
     return session
 
 
+def start_connect_session(work_dir: Path, conf: dict[str, str]) -> tuple[Any, Any]:
+    """A Spark Connect server on two executors, and a Connect session of it: ``(classic,
+    connect)``. The server runs in this process's driver JVM, as ``builder.remote("local")``
+    starts it, but on 127.0.0.1 and a port the OS picks (that builder always dials
+    localhost:15002, which another user of the machine may hold). ``conf`` goes to the server's
+    Spark conf, so the Connect session reads it as its runtime conf."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    classic = start_session(
+        work_dir,
+        {
+            **conf,
+            "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": "0",
+        },
+        name="blobsvc-connect-test",
+    )
+    service = getattr(getattr(classic._jvm, "org.apache.spark.sql.connect.service.SparkConnectService$"), "MODULE$")
+    return classic, ConnectSession.builder.remote(f"sc://127.0.0.1:{service.localPort()}").getOrCreate()
+
+
 def compile_udf_jar(directory: Path) -> Path:
     """A jar with ``blobsvc.test.Shout`` (a Spark ``UDF1<String, String>`` upper-casing its
     argument and appending ``!``), compiled here with the machine's javac."""

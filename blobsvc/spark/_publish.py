@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from ..config import Settings
 from ._artifacts import Artifact, Kind, Source, parse_source
 from ._digests import file_digest
 from ._handle import Shipped
+from ._jars import add_jars, is_connect
 from ._local import CacheOptions
 
 __all__ = ["CONF_KEYS", "HTTP_URL_KEY", "publish"]
@@ -35,9 +36,6 @@ CONF_KEYS = {
     "tls_client_key": "spark.blobsvc.tlsClientKey",
 }
 HTTP_URL_KEY = "spark.blobsvc.httpUrl"
-# Executors that join later (dynamic allocation, a lost executor replaced) fetch the jars
-# then: their signed URLs must outlive any job a pipeline runs.
-JAR_URL_LIFETIME = 7 * 24 * 3600.0
 """Spark conf keys of the blobsvc settings ``publish`` reads (the ``BLOBSVC_*`` environment
 and the defaults fill in the rest)."""
 
@@ -55,14 +53,16 @@ def publish(
 ) -> Shipped:
     """Upload artifacts as the blobs of a fresh job and return the handle tasks use.
 
-    ``spark`` is a SparkSession or SparkContext. Each artifact is named by its base name or
-    by a ``#alias`` (``"env.tar.gz#env"``). A file whose bytes the server holds already (an
-    earlier run's) is linked, not sent. Use ``with publish(...) as shipped:`` so that the
-    job is deleted on the server when the block ends.
+    ``spark`` is a SparkSession (classic or Spark Connect) or a SparkContext; the blobsvc
+    settings are read from its conf (a session's runtime conf, which starts as the Spark
+    conf). Each artifact is named by its base name or by a ``#alias`` (``"env.tar.gz#env"``).
+    A file whose bytes the server holds already (an earlier run's) is linked, not sent. Jars
+    reach the JVMs as :mod:`._jars` says: through each executor host's agent when
+    ``spark.blobsvc.agent`` is set. Use ``with publish(...) as shipped:`` so that the job is
+    deleted on the server when the block ends.
     """
-    context = getattr(spark, "sparkContext", spark)
-    conf = context.getConf()
-    from_conf = {field: conf.get(key) for field, key in CONF_KEYS.items()}
+    conf = _conf_reader(spark)
+    from_conf = {field: conf(key) for field, key in CONF_KEYS.items()}
     settings = Settings.load({**from_conf, "server": server or from_conf["server"]})
     sources = [
         *(parse_source(f, Kind.FILE) for f in _each(files)),
@@ -75,11 +75,12 @@ def publish(
         if source.name in seen:
             raise InvalidArgument(f"two artifacts are named {source.name!r}: give one an #alias")
         seen.add(source.name)
-    http_url = conf.get(HTTP_URL_KEY) or settings.http_url
-    if http_url is None and any(source.kind is Kind.JAR for source in sources):
+    jar_sources = [source for source in sources if source.kind is Kind.JAR]
+    jar_base = settings.agent_url or conf(HTTP_URL_KEY) or settings.http_url
+    if jar_sources and jar_base is None and not is_connect(spark):
         raise InvalidArgument(
-            f"jars reach the executor JVMs over the server's HTTP face: set {HTTP_URL_KEY} "
-            f"(http://host:port) or {CONF_KEYS['http_port']}"
+            f"jars reach the executor JVMs over HTTP: set {CONF_KEYS['agent_url']} (http://host:port of "
+            f"each host's agent), or {HTTP_URL_KEY} (http://host:port) or {CONF_KEYS['http_port']} of the server"
         )
     # What executors need of the conf travels in the handle; the address is resolved here.
     carried = {"server", "http_port"}
@@ -92,11 +93,25 @@ def publish(
     with BlobClient(settings.server, **client_options) as client:
         artifacts, sent = _upload(client, job, sources, settings.cache_dir / "digests")
     shipped = Shipped(job, options, artifacts, owner=client_options)
-    if http_url is not None:
-        _add_jars(spark, context, http_url, shipped, secret)
+    if jar_sources:
+        try:
+            agent = settings.agent_url is not None
+            add_jars(spark, shipped, jar_sources, base_url=jar_base, agent=agent, secret=secret)
+        except BaseException:
+            shipped.release()  # a job whose jars Spark refused is of no use to anyone
+            raise
     shipped.sent_bytes = sent
     log.info("published %d artifact(s) as job %s on %s; %d bytes sent", len(artifacts), job, settings.server, sent)
     return shipped
+
+
+def _conf_reader(spark: Any) -> Callable[[str], str | None]:
+    """How to read a conf key of ``spark``: a session's runtime conf (a Connect session has
+    no other), a bare SparkContext's SparkConf."""
+    if hasattr(spark, "conf"):
+        return lambda key: spark.conf.get(key, None)
+    spark_conf = spark.getConf()
+    return lambda key: spark_conf.get(key)
 
 
 def _each(paths: Paths) -> list[str | os.PathLike[str]]:
@@ -120,20 +135,3 @@ def _upload(client: BlobClient, job: str, sources: list[Source], digests: Path) 
         client.delete_job(job)
         raise
     return tuple(artifacts), sent
-
-
-def _add_jars(spark: Any, context: Any, http_url: str, shipped: Shipped, secret: bytes | None) -> None:
-    """Hand each jar's URL to Spark: executors fetch it with Spark's own fetcher, and the
-    driver's session class loader loads from it, so that ``registerJavaFunction`` finds its
-    classes. ``ADD JAR`` does both; a bare SparkContext only reaches the executors."""
-    from ..http import blob_url
-
-    for artifact in shipped.artifacts.values():
-        if artifact.kind is not Kind.JAR:
-            continue
-        url = blob_url(http_url, job=shipped.job, name=artifact.name, secret=secret, expires_in=JAR_URL_LIFETIME)
-        if hasattr(spark, "sql"):
-            spark.sql(f"ADD JAR '{url}'")
-        else:
-            context.addJar(url)
-        shipped.jar_urls[artifact.name] = url
