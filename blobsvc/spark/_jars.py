@@ -58,15 +58,15 @@ def add_jars(
         return
     assert base_url is not None, "publish requires a URL for the jars of a classic session"
     context = getattr(spark, "sparkContext", spark)
+    session = None if context is spark else spark
     for jar in jars:
         url = blob_url(base_url, job=shipped.job, name=jar.name, secret=secret, expires_in=JAR_URL_LIFETIME)
-        if context is spark:
-            context.addJar(url)
-        elif agent:
-            context.addJar(url)
-            _load_on_driver(spark, jar)
+        if session is not None and not agent:
+            session.sql(f"ADD JAR '{url}'")
         else:
-            spark.sql(f"ADD JAR '{url}'")
+            context._jsc.addJar(url)  # PySpark's SparkContext has no addJar of its own
+            if session is not None:
+                _load_on_driver(session, jar)
         shipped.jar_urls[jar.name] = url
 
 
