@@ -8,10 +8,10 @@
   the driver already, and the driver's host may run no agent. That is what ``ADD JAR`` does
   (``SparkContext.addJar``, then ``sharedState.jarClassLoader.addURL``, then the calling
   thread's context class loader set to it), with the executors' half pointed at the agent
-  and the driver's at the file. ``registerJavaFunction`` loads classes through the calling
-  thread's context class loader, so register from the thread that published, as after
-  ``ADD JAR``; and leave the file as it is while the session runs (the loader reads it
-  lazily).
+  and the driver's at the file. ``registerJavaFunction`` finds the classes through the
+  session's class loader in Spark 4.3, through the calling thread's context class loader in
+  earlier versions: there, register from the thread that published, as after ``ADD JAR``.
+  Leave the file as it is while the session runs: the loader reads it lazily.
 * **A classic SparkSession without an agent**: ``ADD JAR`` of the server's HTTP URL; the
   driver and the executors fetch the jar from the server's HTTP face.
 * **A bare SparkContext**: ``addJar`` of the URL (the agent's, else the server's): the
@@ -20,6 +20,10 @@
   up through the session's artifact API (``addArtifacts``), and the Connect server serves it
   to its executors and to the session's class loader. No URL is involved, so neither the
   agent nor the server's HTTP face is.
+
+Spark keeps every jar it is given until the application ends, and an executor that starts
+later fetches them all before its first task: a handle that ships jars by URL must stay
+unreleased (its job, and so its URLs, alive) until the application has stopped.
 """
 
 from __future__ import annotations
@@ -72,7 +76,8 @@ def add_jars(
 
 def _load_on_driver(spark: Any, jar: Source) -> None:
     """The driver's half of ``ADD JAR`` for the local file: the session's jar class loader
-    takes it, and becomes the calling thread's context class loader."""
+    takes it, and becomes the calling thread's context class loader (where Sparks before
+    4.3 look for a Java UDF's class)."""
     jvm = spark._jvm
     loader = spark._jsparkSession.sharedState().jarClassLoader()
     loader.addURL(jvm.java.io.File(str(jar.path.resolve())).toURI().toURL())
