@@ -14,6 +14,8 @@ with publish(spark, files=["model.bin"], py_files=["udfs.zip"], archives=["env.t
 The modules, one job each:
 
 * ``_publish``: the driver uploads a job's artifacts, sending only bytes the server lacks;
+* ``_jars``: how jars reach the JVMs (each host's agent, the server's HTTP face, or a Spark
+  Connect session's artifacts) and the driver's class loader;
 * ``_handle``: :class:`Shipped`, the picklable handle tasks resolve paths through;
 * ``_local``: resolution through the host's BlobCache, and who holds a job's lease when;
 * ``_archives``: archives unpacked once per host per digest, atomically and safely;

@@ -49,7 +49,8 @@ class Shipped:
         self._owner = owner
         self.released = False
         self.jar_urls: dict[str, str] = {}
-        """The URL Spark was given for each jar (signed when the server has a secret)."""
+        """The URL Spark was given for each jar (signed when the server has a secret); none
+        for a Spark Connect session, whose jars go up as its own artifacts."""
         self.sent_bytes = 0
         """Bytes publish uploaded (0 when the server held every artifact already)."""
 
