@@ -65,7 +65,7 @@ def test_publish_uploads_under_basenames_and_aliases_and_release_deletes_the_job
         ({"archives": ["model.bin"]}, "not an archive"),
         ({"jars": ["model.bin"]}, "jars must end in .jar"),
         ({"files": ["model.bin", "other/model.bin"]}, "two artifacts are named 'model.bin'"),
-        ({"jars": ["udf.jar"]}, "jars reach the executor JVMs over the server's HTTP face"),
+        ({"jars": ["udf.jar"]}, "jars reach the executor JVMs over HTTP: set spark.blobsvc.agent"),
     ],
 )
 def test_publish_refuses_bad_input_before_uploading_anything(
@@ -82,6 +82,17 @@ def test_publish_refuses_bad_input_before_uploading_anything(
     Path("udf.jar").write_bytes(b"PK")
     with pytest.raises(InvalidArgument, match=words):
         publish(Conf(**{"spark.blobsvc.server": server_thread.address}), **kwargs)  # type: ignore[arg-type]
+    assert server_thread.server.requests["PUT"] == server_thread.server.requests["LINK"] == 0
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:6131", "http://127.0.0.1", "http://127.0.0.1:6131/jars", "h:1"])
+def test_publish_refuses_an_agent_url_that_is_not_http_host_port_in_one_line(
+    server_thread: ServerThread, tmp_path: Path, url: str
+) -> None:
+    (tmp_path / "udf.jar").write_bytes(b"PK")
+    spark = Conf(**{"spark.blobsvc.server": server_thread.address, "spark.blobsvc.agent": url})
+    with pytest.raises(InvalidArgument, match=r"^setting agent_url: not an agent URL: [^\n]*$"):
+        publish(spark, jars=[tmp_path / "udf.jar"])
     assert server_thread.server.requests["PUT"] == server_thread.server.requests["LINK"] == 0
 
 
