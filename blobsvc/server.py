@@ -150,7 +150,7 @@ class BlobServer:
         self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
         self.slots = Slots(self.settings.max_connections)
         """The connections served, binary and HTTP, under ``max_connections``."""
-        self.http = HttpFace(self.storage, self._secret, self.open_blob)
+        self.http = HttpFace(self.open_blob, self._secret)
         """The HTTP face's routes (on when ``http_port`` is set); see :mod:`blobsvc.http`."""
         self.recovery: RecoveryReport | None = None
         self.requests: collections.Counter[str] = collections.Counter()
