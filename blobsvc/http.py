@@ -60,7 +60,9 @@ from .config import Settings
 from .storage import OpenBlob
 
 __all__ = [
+    "BlobOpener",
     "HttpConnection",
+    "HttpError",
     "HttpFace",
     "HttpHost",
     "HttpRequest",
@@ -212,6 +214,15 @@ class HttpResponse:
             self.file = None
 
 
+class HttpError(Exception):
+    """A refusal whose status its raiser chooses, such as an agent's 502 when its server cannot
+    be reached: answered as ``status`` with the message as a one-line body."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def text_response(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> HttpResponse:
     """A short plain-text answer, as every error gets."""
     headers = [("Content-Type", "text/plain; charset=utf-8"), *(headers or [])]
@@ -245,6 +256,8 @@ class HttpFace:
             return text_response(404, "nothing here: blobs are at /blobs/<key> and /jobs/<job>/<name>")
         try:
             return await route(request)
+        except HttpError as exc:
+            return text_response(exc.status, str(exc))
         except NotFound as exc:
             return text_response(404, str(exc))
         except InternalError as exc:

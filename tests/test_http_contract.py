@@ -1,17 +1,20 @@
 """The HTTP contract of docs/protocol.md ("The HTTP face") over raw sockets, where clients such
 as curl find its edges: a HEAD with a body, the 16 KiB header limit however TCP splits the
-bytes, closing after a refusal, and errors that say what was wrong without echoing it whole."""
+bytes, closing after a refusal, and errors that say what was wrong without echoing it whole.
+The server's face and the agent's keep the same contract, and each test runs on both."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from blobsvc import BlobClient, Settings
 
+from .agent_helpers import run_agent
 from .conftest import ServerThread
 
 
@@ -23,12 +26,17 @@ class Face:
         self.key = key
 
 
-@pytest.fixture
-def face(settings: Settings) -> Iterator[Face]:
+@pytest.fixture(params=["server", "agent"])
+def face(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) -> Iterator[Face]:
+    """The server's HTTP face, or an agent's in front of the server: one contract for both."""
     thread = ServerThread(replace(settings, http_port="0")).start()
     try:
         with BlobClient(thread.address, timeout=10) as client:
             key = client.put(b"hello")
+        if request.param == "agent":
+            with run_agent(thread.address, tmp_path / "cache") as agent:
+                yield Face(agent.port, key)
+            return
         address = thread.server.http_address
         assert address is not None
         yield Face(address[1], key)
