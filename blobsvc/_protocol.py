@@ -891,10 +891,11 @@ class ClientConnection(_Receiver):
             raise LocalProtocolError("a PUT body must be finished before the next request")
         if isinstance(frame, Hello) != (self.server_hello is None and not self._expected):
             raise LocalProtocolError("the preamble is sent once, first")
+        wire = encode_request(frame)  # first: a frame that cannot be sent leaves the connection as it was
         if isinstance(frame, PutRequest):
             self._send_body_left = frame.length
         self._expected.append(frame)
-        return encode_request(frame)
+        return wire
 
     @property
     def body_unread(self) -> int:

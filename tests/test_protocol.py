@@ -422,8 +422,10 @@ def test_a_heartbeat_over_the_limit_is_refused_before_it_is_buffered() -> None:
     with pytest.raises(RemoteProtocolError, match="over the limit"):
         client.next_event()
     too_large = {"x": "y" * MAX_HEARTBEAT_BYTES}
+    client = client_after_hello()
     with pytest.raises(LocalProtocolError, match="over the limit"):
-        encode_request(HeartbeatRequest(too_large))
+        client.send(HeartbeatRequest(too_large))
+    assert client.pending == 0  # nothing was sent, no reply is awaited: the connection can go on
     with pytest.raises(LocalProtocolError, match="over the limit"):
         ServerConnection().send(HeartbeatOk(too_large))
 
