@@ -109,9 +109,10 @@ MAX_LIST_ENTRIES = 1_000_000
 # binary port). Neither can begin the binary preamble.
 HTTP_REPLY = b"HTTP/"
 _HTTP_REQUEST = re.compile(rb"[A-Z]{3,7} [/*h]")
-# A STATUS document is a few hundred bytes of counters; HA adds a few fields. A megabyte
-# leaves room for growth while a client never buffers a "status" the size of a blob.
-MAX_STATUS_BYTES = 1 << 20
+# A STATUS document is a few hundred bytes of counters, HA adds a few fields, and the hosts
+# reporting to the server (blobsvc.hosts) add at most ~900 bytes each, for at most 10,000
+# of them: 16 MiB holds them all while a client never buffers a "status" the size of a blob.
+MAX_STATUS_BYTES = 16 << 20
 # A heartbeat is a few hundred bytes of an agent's counters plus the jobs it holds, 35 bytes
 # each: 64 KiB lists some 1,800 jobs, far more than one host runs at once. It is the largest
 # frame the server buffers (every other request is a header of at most 307 bytes), so it is

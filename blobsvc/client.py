@@ -747,11 +747,11 @@ class AsyncBlobClient:
         return reply.status
 
     async def heartbeat(self, report: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        """Report an executor host's agent to the server (README, "Executor hosts' agents",
-        lists the fields; ``agent`` is required) and return its answer: ``interval`` (seconds
-        it wants between heartbeats), ``lost_after`` and ``gone_jobs`` (those of the report's
+        """Report an executor host's agent to the server (docs/protocol.md, "HEARTBEAT", lists
+        the fields; ``agent`` is required) and return its answer: ``interval`` (seconds it
+        wants between heartbeats), ``lost_after`` and ``gone_jobs`` (those of the report's
         ``jobs`` that no longer exist). Retried, and with a ``zk://`` URL sent to the leader,
-        as :meth:`status` is; a malformed report is BAD_REQUEST."""
+        as :meth:`status` is; a malformed report raises :class:`BadRequest`."""
         reply = await self._simple(HeartbeatRequest(dict(report)), timeout)
         assert isinstance(reply, HeartbeatOk)
         return reply.reply

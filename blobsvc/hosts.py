@@ -49,7 +49,9 @@ __all__ = ["FORGET_AFTER", "MAX_HOSTS", "HostRecord", "HostRegistry", "HostRepor
 
 log = logging.getLogger("blobsvc.hosts")
 
-# Far more executor hosts than one Spark cluster has, and a few MB of reports at most.
+# Far more executor hosts than one Spark cluster has. A listed host is at most ~900 bytes of
+# STATUS (its texts bounded below, its counters u64s), so all of them fit in one STATUS
+# document (MAX_STATUS_BYTES) with room to spare; tests/test_hosts.py checks it.
 MAX_HOSTS = 10_000
 # How long a departed host stays listed, at least: a day, to look back on.
 FORGET_AFTER = 24 * 3600.0
@@ -63,9 +65,11 @@ COUNTERS = (
     "bytes_served",
     "downloads_in_flight",
 )
-# Texts an agent reports, with their longest lengths: a host name is at most 253 characters.
+# Texts an agent reports: printable ASCII (host names and versions are), so that JSON never
+# escapes them, and a bounded length: a host name has at most 253 characters.
 TEXTS = {"host": 255, "version": 64}
 MAX_AGENT_CHARS = 255 + 1 + 5  # host:port
+_TEXT = re.compile(r"[\x20-\x7e]*")
 # A full registry warns of the first unlisted heartbeat, then of one in this many.
 UNLISTED_WARNING_EVERY = 10_000
 _JOB_ID = re.compile(r"[0-9a-fA-F]{32}")
@@ -92,7 +96,7 @@ class HostReport:
         agent = document.get("agent")
         if agent is None:
             raise BadRequest("a heartbeat needs 'agent', the host:port of the agent's HTTP face")
-        if not isinstance(agent, str) or len(agent) > MAX_AGENT_CHARS or ":" not in agent:
+        if not isinstance(agent, str) or not _printable(agent, MAX_AGENT_CHARS) or " " in agent or ":" not in agent:
             raise BadRequest(f"heartbeat field 'agent' must be host:port, not {_shown(agent)}")
         try:
             parse_address(agent)
@@ -101,13 +105,15 @@ class HostReport:
         fields: dict[str, int | str | None] = {}
         for name, longest in TEXTS.items():
             text = document.get(name)
-            if text is not None and (not isinstance(text, str) or len(text) > longest):
-                raise BadRequest(f"heartbeat field {name!r} must be text of at most {longest} characters")
+            if text is not None and not (isinstance(text, str) and _printable(text, longest)):
+                raise BadRequest(f"heartbeat field {name!r} must be printable ASCII of at most {longest} characters")
             fields[name] = text
         for name in COUNTERS:
             count = document.get(name)
-            if count is not None and (type(count) is not int or count < 0):
-                raise BadRequest(f"heartbeat field {name!r} must be a whole number, at least 0, not {_shown(count)}")
+            if count is not None and (type(count) is not int or not 0 <= count < 1 << 64):
+                raise BadRequest(
+                    f"heartbeat field {name!r} must be a whole number from 0 to 2**64-1, not {_shown(count)}"
+                )
             fields[name] = count
         jobs = document.get("jobs", [])
         if not isinstance(jobs, list):
@@ -116,6 +122,10 @@ class HostReport:
             if not isinstance(job, str) or not _JOB_ID.fullmatch(job):
                 raise BadRequest(f"heartbeat field 'jobs' holds {_shown(job)}, which is not a job id (32 hex digits)")
         return cls(agent, tuple(dict.fromkeys(jobs)), fields)
+
+
+def _printable(text: str, longest: int) -> bool:
+    return len(text) <= longest and _TEXT.fullmatch(text) is not None
 
 
 def _shown(value: Any) -> str:

@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from blobsvc import AsyncBlobClient, AuthRequired, BadRequest, BlobClient, BlobServer, Settings, new_job_id
-from blobsvc._protocol import MAX_HEARTBEAT_BYTES
+from blobsvc._protocol import MAX_HEARTBEAT_BYTES, MAX_STATUS_BYTES
 from blobsvc.cli import main
-from blobsvc.hosts import FORGET_AFTER, HostRegistry, HostReport
+from blobsvc.hosts import COUNTERS, FORGET_AFTER, MAX_HOSTS, HostRegistry, HostReport
 
 from .conftest import ServerThread
 
@@ -140,8 +140,13 @@ BAD_DOCUMENTS = [
     ({"agent": "h:1", "hits": -1}, "'hits' must be a whole number"),
     ({"agent": "h:1", "cache_bytes": "12"}, "'cache_bytes' must be a whole number"),
     ({"agent": "h:1", "misses": True}, "'misses' must be a whole number"),
-    ({"agent": "h:1", "version": 1}, "'version' must be text"),
-    ({"agent": "h:1", "host": "h" * 256}, "'host' must be text"),
+    ({"agent": "h:1", "hits": 1 << 64}, "'hits' must be a whole number"),
+    ({"agent": "h:1", "version": 1}, "'version' must be printable ASCII"),
+    ({"agent": "h:1", "host": "h" * 256}, "'host' must be printable ASCII"),
+    ({"agent": "h:1", "host": "h\x00st"}, "'host' must be printable ASCII"),
+    ({"agent": "h:1", "host": "hôst"}, "'host' must be printable ASCII"),
+    ({"agent": "a b:1"}, "'agent' must be host:port"),
+    ({"agent": "h" * 300 + ":1"}, "'agent' must be host:port"),
 ]
 
 
@@ -153,6 +158,19 @@ async def test_a_malformed_report_is_a_bad_request_naming_the_field(
         await client.heartbeat(document)
     assert "\n" not in str(caught.value)
     assert (await client.status())["hosts"] == []  # nothing recorded, and the server still answers
+
+
+async def test_status_holds_as_many_hosts_as_the_registry_does_with_the_longest_fields(
+    server: BlobServer, client: AsyncBlobClient
+) -> None:
+    longest = {name: (1 << 64) - 1 for name in COUNTERS} | {"host": "h" * 255, "version": "v" * 64}
+    many = [new_job_id() for _ in range(100)]
+    for number in range(server.hosts.max_hosts):
+        agent = f"{number:0>255}:65535"
+        server.hosts.record(HostReport.parse({"agent": agent, **longest, "jobs": many}))
+    status = await client.status()
+    assert len(status["hosts"]) == MAX_HOSTS
+    assert len(json.dumps(status, separators=(",", ":"))) < MAX_STATUS_BYTES
 
 
 def exchange(server: BlobServer, request: bytes) -> bytes:

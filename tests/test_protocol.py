@@ -370,6 +370,16 @@ def test_a_heartbeat_reply_is_a_length_prefixed_json_object(mode: str) -> None:
     assert feed(client, wire + ServerConnection().send(StatOk(1, KEY)), mode) == [HeartbeatOk(reply), StatOk(1, KEY)]
 
 
+def test_the_heartbeat_example_of_the_spec_is_byte_exact() -> None:
+    report = {"agent": "10.0.0.7:6140", "jobs": ["00112233445566778899aabbccddeeff"]}
+    request = bytes.fromhex("0745000000") + b'{"agent":"10.0.0.7:6140","jobs":["00112233445566778899aabbccddeeff"]}'
+    assert encode_request(HeartbeatRequest(report)) == request
+    reply = {"interval": 10.0, "lost_after": 30.0, "gone_jobs": []}
+    assert ServerConnection().send(HeartbeatOk(reply)) == bytes.fromhex("0032000000") + (
+        b'{"interval":10.0,"lost_after":30.0,"gone_jobs":[]}'
+    )
+
+
 def test_the_bytes_after_a_heartbeat_are_left_for_the_next_request() -> None:
     server = server_after_hello()
     server.receive_data(encode_request(HeartbeatRequest({"agent": "h:1"})) + b"\x06\x04")
