@@ -317,7 +317,9 @@ def test_agent_lost_after_must_be_longer_than_the_heartbeat_interval() -> None:
 
 
 def test_serve_refuses_a_lost_after_no_longer_than_the_interval_as_a_usage_error(tmp_path: Path) -> None:
-    args = ["serve", "--data-dir", str(tmp_path), "--agent-heartbeat-interval", "5", "--agent-lost-after", "5"]
+    # An address no host has: were the settings taken, serve would fail (exit 1), not run on.
+    args = ["serve", "--host", "256.0.0.0", "--data-dir", str(tmp_path)]
+    args += ["--agent-heartbeat-interval", "5", "--agent-lost-after", "5"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "agent_lost_after (5 s) must be longer" in result.stderr
     result = CliRunner().invoke(main, ["serve", "--data-dir", str(tmp_path), "--agent-lost-after", "soon"])
