@@ -33,6 +33,7 @@ agent may send more), and a malformed one is BAD_REQUEST naming it.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -43,9 +44,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._exceptions import BadRequest, InvalidArgument
+from ._protocol import MAX_HEARTBEAT_BYTES
 from .config import parse_address
 
-__all__ = ["FORGET_AFTER", "MAX_HOSTS", "HostRecord", "HostRegistry", "HostReport", "forget_after"]
+__all__ = ["FORGET_AFTER", "MAX_HOSTS", "HostRecord", "HostRegistry", "HostReport", "forget_after", "heartbeat_reply"]
 
 log = logging.getLogger("blobsvc.hosts")
 
@@ -96,12 +98,8 @@ class HostReport:
         agent = document.get("agent")
         if agent is None:
             raise BadRequest("a heartbeat needs 'agent', the host:port of the agent's HTTP face")
-        if not isinstance(agent, str) or not _printable(agent, MAX_AGENT_CHARS) or " " in agent or ":" not in agent:
+        if not _is_address(agent):
             raise BadRequest(f"heartbeat field 'agent' must be host:port, not {_shown(agent)}")
-        try:
-            parse_address(agent)
-        except InvalidArgument:
-            raise BadRequest(f"heartbeat field 'agent' must be host:port, not {_shown(agent)}") from None
         fields: dict[str, int | str | None] = {}
         for name, longest in TEXTS.items():
             text = document.get(name)
@@ -122,6 +120,29 @@ class HostReport:
             if not isinstance(job, str) or not _JOB_ID.fullmatch(job):
                 raise BadRequest(f"heartbeat field 'jobs' holds {_shown(job)}, which is not a job id (32 hex digits)")
         return cls(agent, tuple(dict.fromkeys(jobs)), fields)
+
+
+def heartbeat_reply(interval: float, lost_after: float, gone_jobs: list[str]) -> dict[str, Any]:
+    """A heartbeat's answer. It is bounded as the heartbeat is (MAX_HEARTBEAT_BYTES), and its
+    fixed fields can take a few bytes more than a heartbeat's shortest ones, so it names as
+    many gone jobs as fit (some 1,800) and leaves the rest to the next answers, which the
+    agent, still listing them, gets one interval later."""
+    reply: dict[str, Any] = {"interval": interval, "lost_after": lost_after, "gone_jobs": []}
+    room = MAX_HEARTBEAT_BYTES - len(json.dumps(reply, separators=(",", ":")))
+    # Each job id is 32 hex digits in quotes, after a comma but the first: 35 bytes at most.
+    reply["gone_jobs"] = gone_jobs[: max(0, room) // 35]
+    return reply
+
+
+def _is_address(value: Any) -> bool:
+    """``host:port`` in printable ASCII, without spaces, the port given."""
+    if not isinstance(value, str) or " " in value or ":" not in value or not _printable(value, MAX_AGENT_CHARS):
+        return False
+    try:
+        parse_address(value)
+    except InvalidArgument:
+        return False
+    return True
 
 
 def _printable(text: str, longest: int) -> bool:

@@ -102,7 +102,7 @@ from ._threads import wait_out
 from ._tls import TlsStream, server_context_for
 from .config import Settings
 from .ha import HighAvailability, high_availability
-from .hosts import HostRegistry, HostReport
+from .hosts import HostRegistry, HostReport, heartbeat_reply
 from .http import HttpConnection, HttpFace, bad_request_bytes
 from .storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
 
@@ -351,11 +351,7 @@ class BlobServer:
                 lambda: [job for job in report.jobs if not self.storage.has_job(bytes.fromhex(job))]
             )
             gone = [job for job in absent if not await self.ha.holds_job(bytes.fromhex(job))]
-        return {
-            "interval": self.settings.agent_heartbeat_interval,
-            "lost_after": self.settings.agent_lost_after,
-            "gone_jobs": gone,
-        }
+        return heartbeat_reply(self.settings.agent_heartbeat_interval, self.settings.agent_lost_after, gone)
 
     def _metrics_address(self) -> str | None:
         """Where ``/metrics`` is scraped: the metrics port, or the HTTP face when there is none."""

@@ -127,6 +127,21 @@ async def test_gone_jobs_name_deleted_jobs_and_not_live_ones(client: AsyncBlobCl
     assert (await client.status())["hosts"][0]["jobs"] == 4  # each job once
 
 
+async def test_a_heartbeat_at_the_limit_listing_only_gone_jobs_is_answered_with_as_many_as_fit(
+    settings: Settings,
+) -> None:
+    # Durations of many digits make the answer's fixed fields longer than the heartbeat's.
+    long_winded = replace(settings, agent_heartbeat_interval=0.1234567890123, agent_lost_after=0.5123456789012)
+    jobs: list[str] = []
+    while len(json.dumps({"agent": "h:1", "jobs": [*jobs, "0" * 32]}, separators=(",", ":"))) <= MAX_HEARTBEAT_BYTES:
+        jobs.append(new_job_id())
+    async with BlobServer(long_winded) as server, AsyncBlobClient(server.address) as client:
+        gone = (await client.heartbeat({"agent": "h:1", "jobs": jobs}))["gone_jobs"]
+        assert len(jobs) - 5 < len(gone) < len(jobs) and gone == jobs[: len(gone)]
+        rest = (await client.heartbeat({"agent": "h:1", "jobs": jobs[len(gone) :]}))["gone_jobs"]
+        assert rest == jobs[len(gone) :]  # the next answer names the others
+
+
 BAD_DOCUMENTS = [
     ({"host": "h"}, "needs 'agent'"),
     ({"agent": 7}, "'agent' must be host:port"),
