@@ -27,6 +27,7 @@ from ._exceptions import BlobError, InvalidArgument
 from ._logs import configure as configure_logs
 from ._logs import log_recovery
 from ._tls import client_context_for
+from .agent import Agent
 from .client import AsyncBlobClient, BlobInfo, Progress
 from .config import LOG_FORMATS, LOG_LEVELS, Settings, parse_size
 from .http import blob_url
@@ -182,6 +183,8 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("cluster_id")
 @setting_option("ha_dir")
 @setting_option("zookeeper_session_timeout")
+@setting_option("agent_heartbeat_interval")
+@setting_option("agent_lost_after")
 @setting_option("connect_timeout")
 @click.pass_context
 def serve(ctx: click.Context, /, **options: Any) -> None:
@@ -198,9 +201,23 @@ def serve(ctx: click.Context, /, **options: Any) -> None:
         raise click.ClickException(str(exc)) from None
 
 
-async def _serve(settings: Settings) -> None:
+def _stop_on_signals(abort: Callable[[], None]) -> asyncio.Event:
+    """An event that SIGTERM or SIGINT sets; a second signal also calls ``abort`` (stop
+    waiting for requests in flight). Installed before "listening on" is printed: whoever
+    reads it may signal at once."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            abort()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, on_signal)
+    return stop
+
+
+async def _serve(settings: Settings) -> None:
     server = BlobServer(settings)
     await server.start()
     assert server.recovery is not None
@@ -216,15 +233,7 @@ async def _serve(settings: Settings) -> None:
             settings.zookeeper,
             settings.ha_dir,
         )
-
-    def on_signal() -> None:
-        if stop.is_set():  # a second signal: stop waiting for in-flight requests
-            server.abort_requests()
-        stop.set()
-
-    # Handlers first: whoever reads "listening on" may signal us at once.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
+    stop = _stop_on_signals(server.abort_requests)
     host, port = server.address
     click.echo(f"listening on {host}:{port}")
     if server.http_address is not None:
@@ -235,6 +244,50 @@ async def _serve(settings: Settings) -> None:
     await stop.wait()
     log.info("shutting down")
     await server.shutdown()
+    serving.cancel()
+
+
+@main.command()
+@setting_option("agent_host", "--host")
+@setting_option("agent_port", "--port")
+@setting_option("cache_dir", type=click.Path(file_okay=False))
+@setting_option("cache_max_bytes", "--max-bytes")
+@setting_option("cleanup_interval")
+@setting_option("max_connections")
+@setting_option("idle_timeout")
+@setting_option("io_timeout")
+@setting_option("shutdown_timeout")
+@setting_option("log_format", type=click.Choice(LOG_FORMATS, case_sensitive=False))
+@setting_option("log_level", type=click.Choice(LOG_LEVELS, case_sensitive=False))
+@client_options
+@click.pass_context
+def agent(ctx: click.Context, /, **options: Any) -> None:
+    """Serve this host's blob cache over HTTP, until SIGTERM or SIGINT.
+
+    Executor JVMs fetch jars and packed Python environments (spark.jars, spark.archives) from
+    the agent at http://HOST:PORT/blobs/<key>/<file name> or /jobs/<job>/<name>: each blob is
+    downloaded once per host from the server (-s), verified, and shared by every application.
+    Prints "agent listening on HOST:PORT" once it accepts connections; /metrics has its counts.
+    """
+    settings = load_settings(ctx, options)
+    configure_logs(settings.log_level, settings.log_format)
+    try:
+        _run(_serve_agent(settings))
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+async def _serve_agent(settings: Settings) -> None:
+    host_agent = Agent(settings)
+    await host_agent.start()
+    stop = _stop_on_signals(host_agent.slots.abort)
+    click.echo("agent listening on {}:{}".format(*host_agent.address))
+    sys.stdout.flush()
+    logging.getLogger("blobsvc.agent").info("agent for %s, cache %s", settings.server, settings.cache_dir)
+    serving = asyncio.create_task(host_agent.serve_forever())
+    await stop.wait()
+    log.info("shutting down")
+    await host_agent.shutdown()
     serving.cancel()
 
 
@@ -347,20 +400,81 @@ async def ls(client: AsyncBlobClient, job: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with --hosts, the JSON list of hosts).")
+@click.option("--hosts", is_flag=True, help="List the executor hosts whose agents report to the server, one per line.")
 @client_options
 @_client_command
-async def status(client: AsyncBlobClient, as_json: bool) -> None:
+async def status(client: AsyncBlobClient, as_json: bool, hosts: bool) -> None:
     """Print a server's version, uptime, role, blobs and bytes stored, free disk,
-    connections and requests served; exit 1 when it cannot be reached."""
+    connections and requests served; exit 1 when it cannot be reached.
+
+    With --hosts: each executor host's agent address, host name, state (live, or LOST when
+    it has not sent a heartbeat for agent_lost_after seconds), version, cache bytes and limit,
+    hits, misses, jobs held, and when it was last heard from.
+    """
     info = await client.status()
+    if hosts:
+        _print_hosts(info, as_json)
+        return
     if as_json:
         click.echo(json.dumps(info, sort_keys=True))
         return
     for name, value in info.items():
-        if isinstance(value, dict):
+        if name == "hosts" and isinstance(value, list):
+            value = _hosts_summary(value)
+        elif isinstance(value, dict):
             value = " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
         click.echo(f"{name.replace('_', ' ')}: {value}")
+
+
+def _hosts_summary(hosts: list[dict[str, Any]]) -> str:
+    live = sum(host.get("state") == "live" for host in hosts)
+    return f"{live} live, {len(hosts) - live} lost (status --hosts lists them)"
+
+
+def _print_hosts(info: dict[str, Any], as_json: bool) -> None:
+    hosts = info.get("hosts")
+    if not isinstance(hosts, list):
+        raise click.ClickException("this server lists no hosts: it predates agents' heartbeats")
+    if as_json:
+        click.echo(json.dumps(hosts, sort_keys=True))
+        return
+    if not hosts:
+        click.echo("no agent has reported to this server since it started (or became leader)")
+        return
+    # "Seconds ago" by the server's own clock (its start plus its uptime): no skew with ours.
+    now = info.get("started", 0) + info.get("uptime_seconds", 0)
+    rows = [
+        [
+            str(host.get("agent")),
+            host.get("host") or "-",
+            "live" if host.get("state") == "live" else "LOST",
+            host.get("version") or "-",
+            f"cache {_bytes_text(host.get('cache_bytes'))}/{_bytes_text(host.get('cache_max_bytes'))}",
+            f"hits {_count_text(host.get('hits'))}",
+            f"misses {_count_text(host.get('misses'))}",
+            f"jobs {_count_text(host.get('jobs'))}",
+            f"seen {max(0, round(now - host.get('last_seen', now)))} s ago",
+        ]
+        for host in hosts
+    ]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    for row in rows:
+        click.echo("  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]))
+
+
+def _count_text(count: Any) -> str:
+    return "-" if count is None else str(count)
+
+
+def _bytes_text(size: Any) -> str:
+    """``1.5GiB``, ``300KiB``, ``12B``; ``-`` when the agent did not say."""
+    if not isinstance(size, int):
+        return "-"
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f}".removesuffix(".0") + unit
+    return f"{size}B"
 
 
 def _writable_destination(ctx: click.Context, param: click.Parameter, value: str) -> str:

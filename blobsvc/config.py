@@ -9,12 +9,14 @@ Sizes accept a unit (``512MiB``, ``8G``); durations are seconds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +31,7 @@ __all__ = [
     "Settings",
     "parse_address",
     "parse_port_range",
+    "package_version",
     "parse_size",
 ]
 
@@ -43,6 +46,15 @@ DEFAULT_CACHE_MAX_BYTES = 10 << 30
 ENV_PREFIX = "BLOBSVC_"
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+@functools.cache
+def package_version() -> str:
+    """blobsvc's installed version, as STATUS, heartbeats and metrics report it."""
+    try:
+        return metadata.version("blobsvc")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def parse_size(text: str | int) -> int:
@@ -272,6 +284,13 @@ class Settings:
     zookeeper_session_timeout: float = _setting(
         10.0, _parse_seconds, "Seconds a server's ZooKeeper session outlives a lost connection; bounds failover time."
     )
+    # executor hosts' agents, as the server sees them
+    agent_heartbeat_interval: float = _setting(
+        10.0, _parse_seconds, "Seconds the server asks executor hosts' agents to wait between heartbeats."
+    )
+    agent_lost_after: float = _setting(
+        30.0, _parse_seconds, "Seconds without a heartbeat after which the server lists an agent's host as lost."
+    )
     # client
     server: str = _setting(
         f"127.0.0.1:{DEFAULT_PORT}",
@@ -320,6 +339,14 @@ class Settings:
     secret_file: Path | None = _setting(
         None, _optional_path, "File holding the shared secret; when set, the server requires AUTH."
     )
+
+    def __post_init__(self) -> None:
+        if self.agent_lost_after <= self.agent_heartbeat_interval:
+            raise InvalidArgument(
+                f"setting agent_lost_after ({self.agent_lost_after:g} s) must be longer than "
+                f"agent_heartbeat_interval ({self.agent_heartbeat_interval:g} s): every host would be lost "
+                "between two heartbeats"
+            )
 
     @classmethod
     def load(
