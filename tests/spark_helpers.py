@@ -16,6 +16,21 @@ from typing import Any
 import pyspark
 
 MASTER = "local-cluster[2,1,1024]"
+# Keys one module's session sets that a later module's, in the same process, must not inherit.
+UNINHERITED = ("spark.blobsvc.", "spark.plugins", "spark.connect.")
+
+
+def _forget_earlier_sessions() -> None:
+    """A stopped SparkContext's conf stays in the JVM's system properties, which every later
+    SparkContext of the process loads as defaults: drop the keys of :data:`UNINHERITED`."""
+    from pyspark import SparkContext
+
+    if SparkContext._jvm is None:  # no JVM yet: nothing to inherit
+        return
+    system = SparkContext._jvm.java.lang.System
+    for key in list(system.getProperties().stringPropertyNames()):
+        if key.startswith(UNINHERITED):
+            system.clearProperty(key)
 
 
 def start_session(work_dir: Path, conf: dict[str, str], *, name: str = "blobsvc-test") -> Any:
@@ -27,6 +42,7 @@ def start_session(work_dir: Path, conf: dict[str, str], *, name: str = "blobsvc-
     os.environ["SPARK_WORKER_DIR"] = str(work_dir)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    _forget_earlier_sessions()
     builder = (
         SparkSession.builder.master(MASTER)
         .appName(name)
