@@ -110,17 +110,6 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def _client(settings: Settings) -> AsyncBlobClient:
-    return AsyncBlobClient(
-        settings.server,
-        secret=settings.secret(),
-        connect_timeout=settings.connect_timeout,
-        timeout=settings.timeout,
-        retries=settings.retries,
-        tls=client_context_for(settings),
-    )
-
-
 @contextlib.contextmanager
 def _progress(size: int, label: str) -> Iterator[Progress | None]:
     """A bar on stderr for transfers worth watching, when a person is watching."""
@@ -300,7 +289,7 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
         settings = load_settings(ctx, {name: args.pop(name) for name in CLIENT_SETTINGS})
 
         async def go() -> None:
-            async with _client(settings) as client:
+            async with AsyncBlobClient.from_settings(settings) as client:
                 await func(client, **args)
 
         _run(go())

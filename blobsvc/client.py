@@ -91,8 +91,9 @@ from ._protocol import (
     WholeJob,
 )
 from ._threads import wait_out
+from ._tls import client_context_for
 from ._writeback import fsync_dir, start_writeback
-from .config import DEFAULT_PORT, parse_address
+from .config import DEFAULT_PORT, Settings, parse_address
 from .ha.discovery import LeaderResolver, is_zk_url
 
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
@@ -474,6 +475,18 @@ class AsyncBlobClient:
         self._idle: list[_Channel] = []
         self._state = _State.OPEN
         _pools.add(self)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AsyncBlobClient:
+        """A client of ``settings.server`` with its secret, TLS files, timeouts and retries."""
+        return cls(
+            settings.server,
+            secret=settings.secret(),
+            connect_timeout=settings.connect_timeout,
+            timeout=settings.timeout,
+            retries=settings.retries,
+            tls=client_context_for(settings),
+        )
 
     @property
     def server(self) -> str:
