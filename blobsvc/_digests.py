@@ -21,7 +21,7 @@ from pathlib import Path
 
 import blake3
 
-from .._ids import hash_file
+from ._ids import hash_file
 
 __all__ = ["RACY_SECONDS", "file_digest"]
 
