@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import shlex
 import tarfile
+import time
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import blake3
 import pytest
@@ -94,10 +96,14 @@ def test_a_second_run_sends_no_bytes_and_agent_beats_the_environment(server_thre
     assert run(server_thread, "--environment", str(files / "env.tar.gz"))[0] == 0
     puts = server_thread.server.requests["PUT"]
     code, out, _ = run(
-        server_thread, "--environment", str(files / "env.tar.gz"), "--alias", "py", "--agent", "http://10.0.0.1:7000"
+        server_thread,
+        *("--environment", str(files / "env.tar.gz"), "--alias", "py"),
+        *("--agent", "http://10.0.0.1:7000", "--expires-in", "60"),
     )
     assert code == 0 and server_thread.server.requests["PUT"] == puts
     conf = conf_of(out)
+    expires = int(parse_qs(urlsplit(conf["spark.archives"]).query)["expires"][0])
+    assert time.time() < expires <= time.time() + 60
     assert conf["spark.archives"].startswith("http://10.0.0.1:7000/blobs/") and conf["spark.archives"].endswith("#py")
     assert conf["spark.pyspark.python"] == "./py/bin/python"
 
@@ -117,6 +123,16 @@ def test_a_second_run_sends_no_bytes_and_agent_beats_the_environment(server_thre
             "no blobsvc agent to fetch through: give --agent, or set BLOBSVC_AGENT",
         ),
         (["--environment", "env.tar.gz", "--agent", "https://agent:1"], AGENT, "not an agent URL"),
+    ],
+    ids=[
+        "nothing-to-ship",
+        "missing-file",
+        "not-an-archive",
+        "bad-alias",
+        "not-a-jar",
+        "same-jar-name",
+        "no-agent",
+        "not-an-agent-url",
     ],
 )
 def test_bad_input_is_a_usage_error_in_one_line(

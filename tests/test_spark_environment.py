@@ -12,13 +12,14 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import blake3
 import pytest
@@ -119,14 +120,15 @@ def test_a_conf_gets_the_archives_url_on_the_agent_and_the_python_inside_it(
     url, _, alias = conf.get("spark.archives", "").partition("#")
     assert alias == "environment"
     assert url.startswith(f"{agent}/blobs/{key}/env.tar.gz?expires=")
+    expires = int(parse_qs(urlsplit(url).query)["expires"][0])
+    assert abs(expires - (time.time() + 7 * 24 * 3600)) < 60, "signed for 7 days: executors join later"
     assert urlsplit(url).path.endswith("/env.tar.gz"), "Spark unpacks by the file name the URL's path ends in"
     with urllib.request.urlopen(url, timeout=10) as answer:
         assert answer.read() == archive.read_bytes()
     assert conf.get("spark.pyspark.python") == "./environment/bin/python"
     assert os.environ["PYSPARK_PYTHON"] == "./environment/bin/python"
     with BlobClient(server_thread.address, secret=b"s3cr3t") as client:
-        assert client.stat(key).size == archive.stat().st_size
-        assert client.list("0" * 32) == []  # no job: the blob is content, kept until deleted
+        assert client.stat(key).size == archive.stat().st_size  # content: a blob of no job
 
 
 @pytest.mark.usefixtures("blank_environ")
@@ -185,6 +187,16 @@ def test_the_agent_is_the_argument_else_the_conf_else_the_environment(
         ),
         ({"agent": "ftp://agent:21"}, "setting agent_url: not an agent URL"),
         ({"builder": "spark.archives=x"}, "takes a SparkSession.Builder or a SparkConf, not a str"),
+    ],
+    ids=[
+        "missing-file",
+        "not-an-archive",
+        "alias-with-slash",
+        "alias-with-comma",
+        "alias-dot-dot",
+        "no-agent",
+        "not-an-agent-url",
+        "not-a-conf",
     ],
 )
 def test_bad_input_is_one_line_invalid_argument(
