@@ -187,6 +187,7 @@ def test_the_agent_is_the_argument_else_the_conf_else_the_environment(
         ),
         ({"agent": "ftp://agent:21"}, "setting agent_url: not an agent URL"),
         ({"builder": "spark.archives=x"}, "takes a SparkSession.Builder or a SparkConf, not a str"),
+        ({"master": "local[2]"}, "master 'local[2]' runs Python workers where no archive is unpacked"),
     ],
     ids=[
         "missing-file",
@@ -197,6 +198,7 @@ def test_the_agent_is_the_argument_else_the_conf_else_the_environment(
         "no-agent",
         "not-an-agent-url",
         "not-a-conf",
+        "local-master",
     ],
 )
 def test_bad_input_is_one_line_invalid_argument(
@@ -206,6 +208,8 @@ def test_bad_input_is_one_line_invalid_argument(
     conf = blobsvc_conf(server_thread, tmp_path)
     arguments: dict[str, Any] = {"builder": conf, "archive": archive, "alias": "environment", "agent": AGENT}
     arguments.update(change)
+    if "master" in arguments:
+        conf.setMaster(arguments.pop("master"))
     if isinstance(arguments["archive"], str):
         arguments["archive"] = tmp_path / arguments["archive"]
     with pytest.raises(InvalidArgument) as raised:

@@ -63,14 +63,20 @@ def environment(
     at that path on every host. A **pex** file is no archive: ship it with
     ``spark.files`` and ``spark.pyspark.python=./env.pex`` instead.
 
-    A missing file, a name Spark does not unpack, an alias that is no plain directory name,
-    no agent, or a SparkContext already running raises :class:`InvalidArgument`.
+    Not for a ``local`` master, whose Python workers start in the driver's directory rather
+    than where archives are unpacked. A missing file, a name Spark does not unpack, an alias
+    that is no plain directory name, no agent, a ``local`` master, or a SparkContext already
+    running raises :class:`InvalidArgument`.
     """
     conf = _conf_of(builder)
     path = _spark_conf.archive_path(archive)
     alias = _spark_conf.check_alias(alias)
     if SparkContext._active_spark_context is not None:
         raise InvalidArgument("a SparkContext is running: stop it before giving a new one an environment")
+    master = conf.get("spark.master") or ""
+    if master.startswith("local") and not master.startswith("local-cluster"):
+        # Spark unpacks archives into a temporary directory there, not where workers start.
+        raise InvalidArgument(f"master {master!r} runs Python workers where no archive is unpacked: use a cluster")
     settings, _ = conf_settings(conf.get, server=server, agent_url=agent)
     agent_url = _spark_conf.agent_url(settings, f"pass agent=, or set {CONF_KEYS['agent_url']} or BLOBSVC_AGENT_URL")
     with _spark_conf.blob_client(settings) as client:
