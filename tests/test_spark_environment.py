@@ -306,7 +306,7 @@ def first_application(cluster: Cluster, archive: Path) -> Iterator[FirstApplicat
     try:
         rows = run_tasks(session)
         with pytest.raises(InvalidArgument) as refused:
-            environment(SparkConf(loadDefaults=False), archive, agent=cluster.agent.url)
+            environment(SparkConf(loadDefaults=False).setAll(list(cluster.conf.items())), archive)
         yield FirstApplication(rows, cluster.agent.fetched(), str(refused.value))
     finally:
         session.stop()
