@@ -37,7 +37,17 @@ def _from_hex_or_raw(value: str | bytes, size: int, what: str) -> bytes:
             return bytes.fromhex(text)
         except ValueError:
             pass
-    raise InvalidArgument(f"a {what} is {2 * size} hex characters or {size} raw bytes, not {value!r}")
+    raise InvalidArgument(f"a {what} is {2 * size} hex characters or {size} raw bytes, not {_shown(value)}")
+
+
+# Longer values are cut where an error message shows them: a URL path can be 16 KiB.
+SHOWN_CHARS = 80
+
+
+def _shown(value: str | bytes) -> str:
+    if len(value) <= SHOWN_CHARS:
+        return repr(value)
+    return f"{value[:SHOWN_CHARS]!r}… ({len(value)} characters)"
 
 
 def key_bytes(key: KeyLike) -> bytes:

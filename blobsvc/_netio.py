@@ -22,7 +22,15 @@ from ._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTim
 
 _T = TypeVar("_T")
 
-__all__ = ["MIN_BODY_RATE", "SocketStream", "body_deadline", "connect", "connection_closed", "header_deadline"]
+__all__ = [
+    "MIN_BODY_RATE",
+    "SocketStream",
+    "bind_listener",
+    "body_deadline",
+    "connect",
+    "connection_closed",
+    "header_deadline",
+]
 
 # How long a closing side keeps draining what the peer still sends, so that the peer reads
 # our error frame instead of a reset (see "Closing after an error" in docs/protocol.md).
@@ -237,3 +245,23 @@ async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | No
     if len(errors) == 1:  # the address is in the message already
         errors = [errors[0].partition(": ")[2]]
     raise ConnectError(f"cannot connect to {host}:{port}: {'; '.join(errors) or 'no address'}")
+
+
+def bind_listener(host: str, ports: range) -> socket.socket:
+    """A non-blocking listening socket on the first free port of ``ports``."""
+    last_error: OSError | None = None
+    for port in ports:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, type_, proto, _, address = infos[0]
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(1024)
+        except OSError as exc:
+            sock.close()
+            last_error = exc
+            continue
+        sock.setblocking(False)
+        return sock
+    raise OSError(f"no free port in {ports.start}-{ports.stop - 1} on {host}: {last_error}")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import socket
+from collections.abc import Callable
 from typing import ClassVar
 
 from ._exceptions import TransportError
@@ -33,6 +35,37 @@ class Slots:
         self.live = 0  # connections counting against ``limit``
         self.closing = False  # the server shuts down: no new request on any connection
         self.refused = 0  # newcomers refused at the limit
+
+    async def accept(self, listener: socket.socket, make: Callable[[socket.socket], Connection]) -> None:
+        """Serve each connection ``listener`` accepts, made by ``make``, until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # EMFILE and friends: back off rather than spin
+                log.warning("accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            self.serve(make(sock))
+
+    async def drain(self, timeout: float) -> None:
+        """Shutdown's end, in uvicorn's order: connections between requests go at once, busy
+        ones get ``timeout`` seconds to finish the request in hand, then the rest are cancelled.
+        Set ``closing`` and stop accepting first."""
+        for task, connection in list(self.connections.items()):
+            if not connection.busy:
+                task.cancel()
+        if self.connections:
+            await asyncio.wait(list(self.connections), timeout=timeout)
+        for task in list(self.connections):
+            task.cancel()
+        if self.connections:
+            await asyncio.wait(list(self.connections))
+
+    def abort(self) -> None:
+        """Cancel every connection now, busy or not (a second Ctrl-C during shutdown)."""
+        for task in self.connections:
+            task.cancel()
 
     def serve(self, connection: Connection) -> None:
         """Count ``connection`` against the limit and run it on a task of its own."""

@@ -29,6 +29,7 @@ from ._exceptions import BlobError, InvalidArgument
 from ._logs import configure as configure_logs
 from ._logs import log_recovery
 from ._tls import client_context_for
+from .agent import Agent
 from .client import AsyncBlobClient, BlobInfo, Progress
 from .config import LOG_FORMATS, LOG_LEVELS, Settings, parse_size
 from .http import blob_url
@@ -200,9 +201,23 @@ def serve(ctx: click.Context, /, **options: Any) -> None:
         raise click.ClickException(str(exc)) from None
 
 
-async def _serve(settings: Settings) -> None:
+def _stop_on_signals(abort: Callable[[], None]) -> asyncio.Event:
+    """An event that SIGTERM or SIGINT sets; a second signal also calls ``abort`` (stop
+    waiting for requests in flight). Installed before "listening on" is printed: whoever
+    reads it may signal at once."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            abort()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, on_signal)
+    return stop
+
+
+async def _serve(settings: Settings) -> None:
     server = BlobServer(settings)
     await server.start()
     assert server.recovery is not None
@@ -218,15 +233,7 @@ async def _serve(settings: Settings) -> None:
             settings.zookeeper,
             settings.ha_dir,
         )
-
-    def on_signal() -> None:
-        if stop.is_set():  # a second signal: stop waiting for in-flight requests
-            server.abort_requests()
-        stop.set()
-
-    # Handlers first: whoever reads "listening on" may signal us at once.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
+    stop = _stop_on_signals(server.abort_requests)
     host, port = server.address
     click.echo(f"listening on {host}:{port}")
     if server.http_address is not None:
@@ -237,6 +244,50 @@ async def _serve(settings: Settings) -> None:
     await stop.wait()
     log.info("shutting down")
     await server.shutdown()
+    serving.cancel()
+
+
+@main.command()
+@setting_option("agent_host", "--host")
+@setting_option("agent_port", "--port")
+@setting_option("cache_dir", type=click.Path(file_okay=False))
+@setting_option("cache_max_bytes", "--max-bytes")
+@setting_option("cleanup_interval")
+@setting_option("max_connections")
+@setting_option("idle_timeout")
+@setting_option("io_timeout")
+@setting_option("shutdown_timeout")
+@setting_option("log_format", type=click.Choice(LOG_FORMATS, case_sensitive=False))
+@setting_option("log_level", type=click.Choice(LOG_LEVELS, case_sensitive=False))
+@client_options
+@click.pass_context
+def agent(ctx: click.Context, /, **options: Any) -> None:
+    """Serve this host's blob cache over HTTP, until SIGTERM or SIGINT.
+
+    Executor JVMs fetch jars and packed Python environments (spark.jars, spark.archives) from
+    the agent at http://HOST:PORT/blobs/<key>/<file name> or /jobs/<job>/<name>: each blob is
+    downloaded once per host from the server (-s), verified, and shared by every application.
+    Prints "agent listening on HOST:PORT" once it accepts connections; /metrics has its counts.
+    """
+    settings = load_settings(ctx, options)
+    configure_logs(settings.log_level, settings.log_format)
+    try:
+        _run(_serve_agent(settings))
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+async def _serve_agent(settings: Settings) -> None:
+    host_agent = Agent(settings)
+    await host_agent.start()
+    stop = _stop_on_signals(host_agent.slots.abort)
+    click.echo("agent listening on {}:{}".format(*host_agent.address))
+    sys.stdout.flush()
+    logging.getLogger("blobsvc.agent").info("agent for %s, cache %s", settings.server, settings.cache_dir)
+    serving = asyncio.create_task(host_agent.serve_forever())
+    await stop.wait()
+    log.info("shutting down")
+    await host_agent.shutdown()
     serving.cancel()
 
 

@@ -9,12 +9,14 @@ Sizes accept a unit (``512MiB``, ``8G``); durations are seconds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +31,7 @@ __all__ = [
     "Settings",
     "parse_address",
     "parse_port_range",
+    "package_version",
     "parse_size",
 ]
 
@@ -43,6 +46,15 @@ DEFAULT_CACHE_MAX_BYTES = 10 << 30
 ENV_PREFIX = "BLOBSVC_"
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+@functools.cache
+def package_version() -> str:
+    """blobsvc's installed version, as STATUS, heartbeats and metrics report it."""
+    try:
+        return metadata.version("blobsvc")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def parse_size(text: str | int) -> int:

@@ -32,10 +32,11 @@ import logging
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar, Protocol, cast
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import h11
@@ -52,20 +53,29 @@ from ._exceptions import (
 )
 from ._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ._netio import SocketStream, body_deadline, header_deadline
-from ._observe import ABORTED, http_outcome, op_name
+from ._observe import ABORTED, RequestObserver, http_outcome, op_name
 from ._protocol import MAGIC, ContentKey, JobBlob, name_error
-from ._slots import Connection
-from .storage import BlobStorage, OpenBlob
+from ._slots import Connection, Slots
+from .config import Settings
+from .storage import OpenBlob
 
-if TYPE_CHECKING:
-    from .server import BlobServer
-
-__all__ = ["HttpConnection", "HttpFace", "HttpRequest", "HttpResponse", "blob_path", "blob_url", "url_signature"]
+__all__ = [
+    "BlobOpener",
+    "HttpConnection",
+    "HttpError",
+    "HttpFace",
+    "HttpHost",
+    "HttpRequest",
+    "HttpResponse",
+    "blob_path",
+    "blob_url",
+    "url_signature",
+]
 
 log = logging.getLogger("blobsvc.http")
 
-# A request line plus headers larger than this is refused with 431. Fetchers send a few hundred
-# bytes; 16 KiB is h11's own default and above nginx's usual 8 KiB.
+# A request line plus headers larger than this is refused with 431, however TCP splits them.
+# Fetchers send a few hundred bytes; 16 KiB is h11's own default and above nginx's usual 8 KiB.
 MAX_HEADER_BYTES = 16 << 10
 RECV_SIZE = 64 << 10
 
@@ -204,6 +214,15 @@ class HttpResponse:
             self.file = None
 
 
+class HttpError(Exception):
+    """A refusal whose status its raiser chooses, such as an agent's 502 when its server cannot
+    be reached: answered as ``status`` with the message as a one-line body."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def text_response(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> HttpResponse:
     """A short plain-text answer, as every error gets."""
     headers = [("Content-Type", "text/plain; charset=utf-8"), *(headers or [])]
@@ -213,22 +232,19 @@ def text_response(status: int, message: str, headers: list[tuple[str, str]] | No
 Route = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
-class HttpFace:
-    """Requests to responses for one server: ``routes`` maps a path's first segment to the
-    coroutine that answers it (``"blobs"``, ``"jobs"``; ``/metrics`` goes in here too). A
-    route checks its own authorisation; the blob routes require a signed URL when the server
-    has a secret."""
+BlobOpener = Callable[[ContentKey | JobBlob], Awaitable[OpenBlob]]
 
-    def __init__(
-        self,
-        storage: BlobStorage,
-        secret: bytes | None,
-        open_blob: Callable[[ContentKey | JobBlob], Awaitable[OpenBlob]] | None = None,
-    ) -> None:
-        self.storage = storage
+
+class HttpFace:
+    """Requests to responses for one server or agent: ``routes`` maps a path's first segment
+    to the coroutine that answers it (``"blobs"``, ``"jobs"``; ``/metrics`` goes in here too).
+    A route checks its own authorisation; the blob routes require a signed URL when there is
+    a secret. ``open_blob`` finds a blob's bytes: the server's storage (refusing on an HA
+    standby, recovering from the HA store), or an agent's host cache."""
+
+    def __init__(self, open_blob: BlobOpener, secret: bytes | None) -> None:
         self.secret = secret
-        # The server's opener also refuses on an HA standby and recovers from the HA store.
-        self._open_blob = open_blob or self._open_local
+        self._open_blob = open_blob
         self.routes: dict[str, Route] = {"blobs": self._blob, "jobs": self._blob}
 
     async def respond(self, request: HttpRequest) -> HttpResponse:
@@ -240,6 +256,8 @@ class HttpFace:
             return text_response(404, "nothing here: blobs are at /blobs/<key> and /jobs/<job>/<name>")
         try:
             return await route(request)
+        except HttpError as exc:
+            return text_response(exc.status, str(exc))
         except NotFound as exc:
             return text_response(404, str(exc))
         except InternalError as exc:
@@ -248,9 +266,6 @@ class HttpFace:
             return text_response(503, str(exc))
         except DigestMismatch as exc:  # a damaged HA copy, never served
             return text_response(500, str(exc))
-
-    async def _open_local(self, target: ContentKey | JobBlob) -> OpenBlob:
-        return self.storage.open_blob(target)
 
     async def _blob(self, request: HttpRequest) -> HttpResponse:
         try:
@@ -368,17 +383,28 @@ class _BodySegment:
         return self.count
 
 
+class HttpHost(Protocol):
+    """What an HTTP connection needs of the server or agent it answers for."""
+
+    settings: Settings  # idle_timeout, io_timeout, max_connections
+    slots: Slots  # shared with the host's other connections, under max_connections
+    http: HttpFace
+    requests: Counter[str]  # requests served, by kind
+    observers: list[RequestObserver]  # metrics, request logs
+
+
 class HttpConnection(Connection):
     """One HTTP/1.1 connection's loop: read a request, answer it, keep alive or close."""
 
     log: ClassVar[logging.Logger] = log
 
-    def __init__(self, server: BlobServer, stream: SocketStream) -> None:
-        super().__init__(server.slots, stream)  # HTTP and binary connections share max_connections
-        self.server = server
-        self.settings = server.settings
+    def __init__(self, host: HttpHost, stream: SocketStream) -> None:
+        super().__init__(host.slots, stream)  # HTTP and binary connections share max_connections
+        self.host = host
+        self.settings = host.settings
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         self._header_deadline: float | None = None  # when the request header being read must be whole
+        self._head_bytes = 0  # the size of the last request line and headers read
         self._first_bytes = True
 
     async def _fail(self, exc: Exception) -> None:
@@ -406,30 +432,36 @@ class HttpConnection(Connection):
             if not isinstance(event, h11.Request):  # the client hung up between requests
                 return
             self.busy = True
+            head = event.method == b"HEAD"
+            if self._head_bytes > MAX_HEADER_BYTES:  # arrived whole, so h11's own cap never saw it
+                log.info("%s: request header of %d bytes refused", self.stream.peer, self._head_bytes)
+                await self._refuse(text_response(431, "request header too large"), head=head)
+                return
             request = HttpRequest.from_h11(event)
-            self.server.requests[op_name(request)] += 1
+            self.host.requests[op_name(request)] += 1
             if first and not self.slots.admit(self):
                 limit = self.settings.max_connections
-                await self._refuse(text_response(503, f"the server is at its limit of {limit} connections"))
+                message = f"busy: at its limit of {limit} connections"
+                await self._refuse(text_response(503, message), head=head)
                 return
             first = False
             # A request body (a PUT, say) is never read: answer, then close instead of draining it.
+            # A write method is refused and closed even without one, as docs/protocol.md says.
             body_follows = not self._request_ended()
-            close = body_follows or self.slots.closing
+            close = body_follows or request.method not in _READ_METHODS or self.slots.closing
             began = time.perf_counter()
-            response = await self.server.http.respond(request)
-            head = request.method == "HEAD"
+            response = await self.host.http.respond(request)
             outcome, sent = http_outcome(response.status), 0 if head else response.content_length
             try:
                 if body_follows:
-                    await self._refuse(response)
+                    await self._refuse(response, head=head)
                     return
                 await self._send_response(response, head=head, close=close)
             except BaseException:
                 outcome, sent = ABORTED, 0
                 raise
             finally:
-                for observe in self.server.observers:  # metrics, request logs
+                for observe in self.host.observers:  # metrics, request logs
                     observe(request, outcome, sent, time.perf_counter() - began, self.stream)
             self._request_done()
             if close or self.slots.closing or self.h11.our_state is not h11.DONE:
@@ -445,9 +477,13 @@ class HttpConnection(Connection):
 
     async def _next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
         while True:
+            # h11 caps only an incomplete header; what a whole one took is measured here, as
+            # the bytes its parsing consumed from h11's buffer.
+            buffered = len(self.h11.trailing_data[0])
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
                 self._header_deadline = None
+                self._head_bytes = buffered - len(self.h11.trailing_data[0])
                 return event
             between_requests = self.h11.their_state is h11.IDLE and not self.h11.trailing_data[0]
             timeout = self.settings.idle_timeout if between_requests else self.settings.io_timeout
@@ -461,12 +497,13 @@ class HttpConnection(Connection):
                     raise h11.RemoteProtocolError(_BINARY_AT_HTTP, error_status_hint=400)
             self.h11.receive_data(data)
 
-    async def _refuse(self, response: HttpResponse) -> None:
+    async def _refuse(self, response: HttpResponse, *, head: bool = False) -> None:
         """Answer and close gracefully, so that a client still sending reads our answer. The
-        slot is given up first: a client draining out must not crowd out others."""
+        slot is given up first: a client draining out must not crowd out others. ``head``: the
+        request was a HEAD, whose answer has no body (h11 refuses to send one)."""
         self._stop_counting()
         with contextlib.suppress(TransportError, h11.LocalProtocolError):
-            await self._send_response(response, head=False, close=True)
+            await self._send_response(response, head=head, close=True)
             await self.stream.linger_close()
 
     async def _send_response(self, response: HttpResponse, *, head: bool, close: bool) -> None:

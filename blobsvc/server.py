@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import hashlib
 import hmac
 import logging
@@ -45,7 +44,6 @@ import shutil
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._commit import GroupCommitter
@@ -65,7 +63,7 @@ from ._exceptions import (
 )
 from ._fastpath import FastPath
 from ._logs import log_request
-from ._netio import SocketStream, body_deadline, header_deadline
+from ._netio import SocketStream, bind_listener, body_deadline, header_deadline
 from ._observe import ABORTED, RequestObserver, op_name
 from ._protocol import (
     NEED_DATA,
@@ -98,7 +96,7 @@ from ._protocol import (
 from ._slots import Connection, Slots
 from ._threads import wait_out
 from ._tls import TlsStream, server_context_for
-from .config import Settings
+from .config import Settings, package_version
 from .ha import HighAvailability, high_availability
 from .http import HttpConnection, HttpFace, bad_request_bytes
 from .storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
@@ -150,7 +148,7 @@ class BlobServer:
         self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
         self.slots = Slots(self.settings.max_connections)
         """The connections served, binary and HTTP, under ``max_connections``."""
-        self.http = HttpFace(self.storage, self._secret, self.open_blob)
+        self.http = HttpFace(self.open_blob, self._secret)
         """The HTTP face's routes (on when ``http_port`` is set); see :mod:`blobsvc.http`."""
         self.recovery: RecoveryReport | None = None
         self.requests: collections.Counter[str] = collections.Counter()
@@ -192,7 +190,7 @@ class BlobServer:
             self.observers.append(log_request)
         self._started, self._started_clock = time.time(), time.monotonic()
         self.recovery = await asyncio.to_thread(self.storage.recover)
-        self._listener = _bind(self.settings.host, self.settings.ports)
+        self._listener = bind_listener(self.settings.host, self.settings.ports)
         if self.settings.metrics_port not in (None, "http"):
             assert self.metrics is not None
             try:
@@ -205,10 +203,10 @@ class BlobServer:
         except BaseException:
             self._listener.close()
             raise
-        self._accepting.append(asyncio.create_task(self._accept_loop(self._listener, self._binary_connection)))
+        self._accepting.append(asyncio.create_task(self.slots.accept(self._listener, self._binary_connection)))
         if self.settings.http_ports is not None:
-            self._http_listener = _bind(self.settings.host, self.settings.http_ports)
-            self._accepting.append(asyncio.create_task(self._accept_loop(self._http_listener, self._http_connection)))
+            self._http_listener = bind_listener(self.settings.host, self.settings.http_ports)
+            self._accepting.append(asyncio.create_task(self.slots.accept(self._http_listener, self._http_connection)))
 
     def _binary_connection(self, sock: socket.socket) -> _Connection:
         return _Connection(self, self._stream_for(sock))
@@ -253,35 +251,14 @@ class BlobServer:
         for listener in (self._listener, self._http_listener):
             if listener is not None:
                 listener.close()
-        connections = self.slots.connections
-        for task, connection in list(connections.items()):
-            if not connection.busy:
-                task.cancel()
-        if connections:
-            await asyncio.wait(list(connections), timeout=timeout)
-        for task in list(connections):
-            task.cancel()
-        if connections:
-            await asyncio.wait(list(connections))
+        await self.slots.drain(timeout)
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
         await asyncio.to_thread(self.storage.close)  # waits for a checkpoint under way
 
     def abort_requests(self) -> None:
         """Cancel every connection now, busy or not (a second Ctrl-C during shutdown)."""
-        for task in self.slots.connections:
-            task.cancel()
-
-    async def _accept_loop(self, listener: socket.socket, serve: Callable[[socket.socket], Connection]) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                sock, _ = await loop.sock_accept(listener)
-            except OSError as exc:  # EMFILE and friends: back off rather than spin
-                log.warning("accept failed: %s", exc)
-                await asyncio.sleep(0.1)
-                continue
-            self.slots.serve(serve(sock))
+        self.slots.abort()
 
     def _stream_for(self, sock: socket.socket) -> SocketStream:
         """An accepted socket as a stream: TLS when the server has a certificate (its
@@ -299,7 +276,7 @@ class BlobServer:
         requests = dict(self.requests)
         report = self.recovery or RecoveryReport()
         status: dict[str, Any] = {
-            "version": _version(),
+            "version": package_version(),
             "address": _bound_to(self._listener),
             "http_address": _bound_to(self._http_listener),
             "metrics_address": self._metrics_address(),
@@ -348,14 +325,6 @@ def _bound_to(listener: socket.socket | None) -> str | None:
     return None if host is None else f"{host}:{port}"
 
 
-@functools.cache
-def _version() -> str:
-    try:
-        return metadata.version("blobsvc")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 _T = TypeVar("_T")
 
 
@@ -369,26 +338,6 @@ async def _finish(work: Awaitable[_T]) -> _T:
     future = asyncio.ensure_future(work)
     await wait_out(future)
     return future.result()
-
-
-def _bind(host: str, ports: range) -> socket.socket:
-    """A listening socket on the first free port of ``ports``."""
-    last_error: OSError | None = None
-    for port in ports:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, type_, proto, _, address = infos[0]
-        sock = socket.socket(family, type_, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-            sock.listen(1024)
-        except OSError as exc:
-            sock.close()
-            last_error = exc
-            continue
-        sock.setblocking(False)
-        return sock
-    raise OSError(f"no free port in {ports.start}-{ports.stop - 1} on {host}: {last_error}")
 
 
 _HTTP_AT_BINARY = bad_request_bytes(

@@ -69,6 +69,13 @@ class Counters:
             (value,) = _SLOT.unpack_from(self._map, offset)
             _SLOT.pack_into(self._map, offset, value + amount)
 
+    def own(self) -> dict[str, int]:
+        """This process's counts alone (an agent's, say, apart from its host's other users)."""
+        with self._lock:
+            if self._map is None:
+                return dict.fromkeys(FIELDS, 0)
+            return {field: _SLOT.unpack_from(self._map, offset)[0] for field, offset in _OFFSET.items()}
+
     def _forked(self) -> None:
         # The child's counts go to a file of its own, and a lock another thread of the parent
         # held at the fork would never be released here.

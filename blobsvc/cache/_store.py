@@ -258,6 +258,11 @@ class CacheStore:
     def content(self, key: str) -> Path:
         return self.content_dir / key
 
+    def key_of(self, path: Path) -> str:
+        """The key of a file that :meth:`content`, :meth:`find_job_file` or :meth:`link` named:
+        ``content/<key>``, or ``jobs/<job>/<encoded name>/<key>/<file name>``."""
+        return path.name if path.parent == self.content_dir else path.parent.name
+
     def _meta(self, key: str) -> Path:
         return self.meta_dir / key
 

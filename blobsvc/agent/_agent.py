@@ -1,0 +1,165 @@
+"""The agent process: a listener, HTTP connections, the host cache behind them, and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections import Counter
+from typing import Any
+
+from .._netio import SocketStream, bind_listener
+from .._observe import RequestObserver
+from .._protocol import ContentKey, JobBlob
+from .._slots import Slots
+from .._tls import client_context_for
+from ..cache import BlobCache
+from ..config import Settings, package_version, parse_port_range
+from ..http import HttpConnection, HttpFace, HttpRequest, HttpResponse, text_response
+from ..storage import OpenBlob
+from ._source import CacheSource
+
+__all__ = ["Agent"]
+
+log = logging.getLogger("blobsvc.agent")
+
+
+class Agent:
+    """``blobsvc agent``: the host's BlobCache for ``settings.server`` behind a read-only HTTP
+    face on ``agent_host:agent_port``.
+
+    ``async with Agent(settings) as agent:`` opens the cache (its start-up check runs in a
+    worker thread), binds, and serves until the block ends; ``agent.address`` is the bound
+    ``(host, port)``. Connections share the server's rules: ``max_connections``,
+    ``idle_timeout``, ``io_timeout``, the header deadline, the minimum body rate.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.slots = Slots(settings.max_connections)
+        self.requests: Counter[str] = Counter()
+        self.observers: list[RequestObserver] = [self._count_served]
+        self.bytes_served = 0
+        self.source: CacheSource | None = None
+        self.http = HttpFace(self._open_blob, settings.secret())
+        self.http.routes["metrics"] = self._metrics
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._listener is not None, "the agent is not started"
+        host, port, *_ = self._listener.getsockname()
+        return host, port
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    async def start(self) -> None:
+        settings = self.settings
+        cache = await asyncio.to_thread(
+            BlobCache,
+            settings.server,
+            settings.cache_dir,
+            max_bytes=settings.cache_max_bytes,
+            cleanup_interval=settings.cleanup_interval,
+            retries=settings.retries,
+            timeout=settings.timeout,
+            connect_timeout=settings.connect_timeout,
+            secret=settings.secret(),
+            tls=client_context_for(settings),
+        )
+        self.source = CacheSource(cache, settings.server)
+        try:
+            self._listener = bind_listener(settings.agent_host, parse_port_range(settings.agent_port))
+        except BaseException:
+            await asyncio.to_thread(self.source.close)
+            raise
+        self._accepting = asyncio.create_task(self.slots.accept(self._listener, self._connection))
+
+    def _connection(self, sock: socket.socket) -> HttpConnection:
+        return HttpConnection(self, SocketStream(sock))
+
+    async def _open_blob(self, target: ContentKey | JobBlob) -> OpenBlob:
+        assert self.source is not None, "the agent is not started"
+        return await self.source.open_blob(target)
+
+    async def serve_forever(self) -> None:
+        assert self._accepting is not None, "start() first"
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._accepting
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting, let transfers under way finish within ``timeout`` (``shutdown_timeout``
+        by default), cancel the rest, then release the jobs held and close the cache."""
+        self.slots.closing = True
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+        if self._listener is not None:
+            self._listener.close()
+        await self.slots.drain(self.settings.shutdown_timeout if timeout is None else timeout)
+        if self.source is not None:
+            await asyncio.to_thread(self.source.close)
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    # --- what it tells -----------------------------------------------------------------------
+
+    def _count_served(self, request: Any, outcome: int, sent: int, seconds: float, stream: SocketStream) -> None:
+        self.bytes_served += sent
+
+    def counts(self) -> dict[str, int]:
+        """This agent's own counts (the host's other cache users apart): hits, misses,
+        downloads, bytes fetched from the server, bytes served, fetches in flight."""
+        assert self.source is not None, "the agent is not started"
+        own = self.source.cache.store.counters.own()
+        return {
+            "hits": own["hits"],
+            "misses": own["misses"],
+            "downloads": own["downloads"],
+            "bytes_fetched": own["bytes_fetched"],
+            "bytes_served": self.bytes_served,
+            "downloads_in_flight": self.source.in_flight,
+        }
+
+    async def _metrics(self, request: HttpRequest) -> HttpResponse:
+        if request.path.rstrip("/") != "/metrics":
+            return text_response(404, "the metrics are at /metrics")
+        assert self.source is not None
+        stats = await asyncio.to_thread(self.source.cache.stats)  # walks the cache directory
+        body = render_metrics(self.counts(), stats.bytes, stats.max_bytes or 0, len(self.source.jobs))
+        return HttpResponse(200, [("Content-Type", METRICS_CONTENT_TYPE)], body.encode())
+
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_METRICS = (  # name, counts() field or None, type, help
+    ("blobsvc_agent_hits_total", "hits", "counter", "Blobs served from the host cache without a download."),
+    ("blobsvc_agent_misses_total", "misses", "counter", "Blobs the host cache lacked when asked for."),
+    ("blobsvc_agent_bytes_fetched_total", "bytes_fetched", "counter", "Bytes downloaded from the server."),
+    ("blobsvc_agent_bytes_served_total", "bytes_served", "counter", "Body bytes sent to HTTP clients."),
+    ("blobsvc_agent_downloads_in_flight", "downloads_in_flight", "gauge", "Blobs being fetched right now."),
+    ("blobsvc_agent_cache_bytes", "cache_bytes", "gauge", "Bytes of the blobs in the host cache."),
+    ("blobsvc_agent_cache_max_bytes", "cache_max_bytes", "gauge", "The host cache's limit in bytes."),
+    ("blobsvc_agent_jobs", "jobs", "gauge", "Jobs whose files the agent holds a reference on."),
+)
+
+
+def render_metrics(counts: dict[str, int], cache_bytes: int, cache_max_bytes: int, jobs: int) -> str:
+    """The Prometheus text format, written here: eight numbers do not need prometheus-client
+    on every executor host."""
+    values = {**counts, "cache_bytes": cache_bytes, "cache_max_bytes": cache_max_bytes, "jobs": jobs}
+    lines = []
+    for name, field, kind, help_text in _METRICS:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {values[field]}"]
+    lines.append(f'blobsvc_agent_info{{version="{package_version()}"}} 1')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,303 @@
+"""``blobsvc agent``: a real agent process in front of a real server, asked over HTTP as Spark's
+fetcher, curl and pip ask it."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import blake3
+import pytest
+
+from blobsvc import BlobCache, BlobClient, Settings, new_job_id
+from blobsvc._protocol import ContentKey
+from blobsvc.agent._source import CacheSource
+from blobsvc.http import blob_url
+
+from .agent_helpers import AgentProcess, run_agent, start_agent
+from .conftest import ServerThread
+from .test_cache_faults import FaultyProxy, running
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = b"agent test secret"
+
+
+@pytest.fixture
+def put(server_thread: ServerThread) -> Iterator[BlobClient]:
+    with BlobClient(server_thread.address, timeout=10) as client:
+        yield client
+
+
+@pytest.fixture
+def agent(server_thread: ServerThread, tmp_path: Path) -> Iterator[AgentProcess]:
+    with run_agent(server_thread.address, tmp_path / "cache", "--io-timeout", "1") as running_agent:
+        yield running_agent
+
+
+def gets(server: ServerThread) -> int:
+    """GETs the server has answered (the agent's downloads)."""
+    return server.server.requests["GET"]
+
+
+def test_content_and_job_blobs_are_fetched_once_and_then_served_locally(
+    server_thread: ServerThread, put: BlobClient, agent: AgentProcess
+) -> None:
+    data = os.urandom(3 << 20)
+    key = put.put(data)
+    job = new_job_id()
+    put.put(data, job=job, name="lib/app.jar")
+
+    assert agent.get(f"/blobs/{key}/app.jar") == (200, data)
+    assert agent.get(f"/jobs/{job}/lib/app.jar") == (200, data), "the same bytes, linked: no download"
+    for _ in range(3):
+        assert agent.get(f"/blobs/{key}") == (200, data)
+    assert gets(server_thread) == 1
+    assert agent.metric("blobsvc_agent_bytes_fetched_total") == len(data)
+    assert agent.metric("blobsvc_agent_misses_total") == 1
+    assert agent.metric("blobsvc_agent_bytes_served_total") >= 5 * len(data)
+    assert agent.metric("blobsvc_agent_jobs") == 1, "the agent holds the job it served"
+
+
+def test_requests_that_arrive_together_share_one_download(
+    server_thread: ServerThread, put: BlobClient, agent: AgentProcess
+) -> None:
+    data = os.urandom(8 << 20)
+    key = put.put(data)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: agent.get(f"/blobs/{key}"), range(16)))
+    assert all(answer == (200, data) for answer in answers)
+    assert gets(server_thread) == 1
+
+
+def test_a_waiter_cancelled_does_not_cancel_the_fetch_others_wait_for(
+    server_thread: ServerThread, put: BlobClient, tmp_path: Path
+) -> None:
+    """A request cancelled mid-wait (at shutdown, say) leaves the shared fetch running."""
+    data = os.urandom(8 << 20)
+    key = put.put(data)
+    proxy = FaultyProxy(server_thread.server.address, throttle=0.01)  # a second or so for 8 MiB
+
+    async def fetch_twice_cancelling_one() -> bytes:
+        source = CacheSource(BlobCache(proxy.address, tmp_path / "cache"), proxy.address)
+        try:
+            target = ContentKey(bytes.fromhex(key))
+            first = asyncio.create_task(source.open_blob(target))
+            second = asyncio.create_task(source.open_blob(target))
+            await asyncio.sleep(0.2)
+            first.cancel()
+            with await second as blob:
+                return os.pread(blob.fd, blob.size, 0)
+        finally:
+            source.close()
+
+    with running(proxy, server_thread):
+        assert asyncio.run(fetch_twice_cancelling_one()) == data
+        assert len(proxy.get_offsets(key)) == 1
+
+
+def test_head_range_and_etag_answer_as_the_server_does(put: BlobClient, agent: AgentProcess) -> None:
+    data = bytes(range(256)) * 1000
+    key = put.put(data)
+    assert agent.get(f"/blobs/{key}", "HEAD") == (200, b"")
+    assert agent.get(f"/blobs/{key}", headers={"Range": "bytes=10-19"}) == (206, data[10:20])
+    assert agent.get(f"/blobs/{key}", headers={"Range": "bytes=-5"}) == (206, data[-5:])
+    assert agent.get(f"/blobs/{key}", headers={"If-None-Match": f'"{key}"'})[0] == 304
+    status, body = agent.get(f"/blobs/{key}", headers={"Range": f"bytes={1 << 60}-"})
+    assert status == 416 and b"outside" in body
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "words"),
+    [
+        (f"/blobs/{'ab' * 32}", 404, b"no blob with key"),
+        (f"/jobs/{'0' * 32}/missing.jar", 404, b"no blob named"),
+        (f"/jobs/{'0' * 32}/..", 404, b"no blob named '..'"),
+        ("/blobs/xyz", 400, b"key"),
+        ("/blobs/" + "a" * 5000, 400, b"5000 characters"),
+        ("/jobs/xyz/name", 400, b"job id"),
+        ("/../../etc/passwd", 404, b"/blobs/<key>"),
+        ("/", 404, b"/blobs/<key>"),
+    ],
+)
+def test_unknown_and_malformed_paths_get_clear_errors(
+    agent: AgentProcess, path: str, status: int, words: bytes
+) -> None:
+    got, body = agent.get(path)
+    assert (got, words in body) == (status, True), body
+
+
+def test_a_stalled_client_is_closed_and_others_are_served_meanwhile(put: BlobClient, agent: AgentProcess) -> None:
+    key = put.put(b"served")
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as stalled:
+        stalled.sendall(b"GET /blobs/")  # and nothing more
+        assert agent.get(f"/blobs/{key}") == (200, b"served")
+        began = time.monotonic()
+        assert stalled.recv(100) == b"", "closed within the agent's io_timeout"
+        assert time.monotonic() - began < 5
+
+
+def test_an_unreachable_server_is_a_502_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as placeholder:
+        placeholder.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{placeholder.getsockname()[1]}"  # nobody listens there
+        with run_agent(address, tmp_path / "cache") as lonely:
+            status, body = lonely.get(f"/blobs/{'cd' * 32}")
+    assert status == 502 and address.encode() in body and body[-1:] == b"\n" and body.count(b"\n") == 1
+
+
+def test_a_blob_larger_than_the_cache_is_a_507(server_thread: ServerThread, put: BlobClient, tmp_path: Path) -> None:
+    key = put.put(os.urandom(2 << 20))
+    with run_agent(server_thread.address, tmp_path / "cache", "--max-bytes", "1MiB") as small:
+        status, body = small.get(f"/blobs/{key}")
+    assert status == 507 and b"limit" in body
+
+
+def test_a_secret_requires_signed_urls(settings: Settings, tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET)
+    server = ServerThread(replace(settings, secret_file=secret_file)).start()
+    try:
+        with BlobClient(server.address, secret=SECRET, timeout=10) as client:
+            key = client.put(b"for the signed only")
+        with run_agent(server.address, tmp_path / "cache", "--secret-file", str(secret_file)) as signed:
+            assert signed.get(f"/blobs/{key}")[0] == 403
+            url = blob_url(signed.url, key=key, name="x.bin", secret=SECRET)
+            assert signed.get(url.removeprefix(signed.url)) == (200, b"for the signed only")
+    finally:
+        server.stop()
+
+
+def test_killed_mid_download_it_serves_no_partial_file_and_restarted_serves_its_cache_alone(
+    server_thread: ServerThread, put: BlobClient, tmp_path: Path
+) -> None:
+    cached, large = b"cached before the kill", os.urandom(16 << 20)
+    cached_key, large_key = put.put(cached), put.put(large)
+    cache_dir = tmp_path / "cache"
+    proxy = FaultyProxy(server_thread.server.address, throttle=0.01)  # a chunk per 10 ms: seconds for 16 MiB
+    with running(proxy, server_thread):
+        address = proxy.address
+        agent = start_agent(address, cache_dir)
+        try:
+            proxy.throttle = 0.0
+            assert agent.get(f"/blobs/{cached_key}") == (200, cached)
+            proxy.throttle = 0.01
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(agent.get, f"/blobs/{large_key}")
+                partial = _wait_for_partial(cache_dir)
+                agent.kill()
+                with pytest.raises((urllib.error.URLError, http.client.HTTPException, ConnectionError)):
+                    pending.result(timeout=30)  # no answer at all, never a 200 with part of the body
+            assert 0 < partial.stat().st_size < len(large)
+            assert not (cache_dir / "content" / large_key).exists()
+        finally:
+            agent.kill()
+    with run_agent(address, cache_dir) as restarted:  # nothing listens there any more: no server
+        assert restarted.get(f"/blobs/{cached_key}") == (200, cached)
+        status, body = restarted.get(f"/blobs/{large_key}")
+        assert status == 502 and body != large[: len(body)]
+    assert not (cache_dir / "content" / large_key).exists()
+
+
+def _wait_for_partial(cache_dir: Path, min_size: int = 1) -> Path:
+    """The partial file of a download under way, once it holds ``min_size`` bytes."""
+    for _ in range(500):
+        partials = [p for p in (cache_dir / "partial").iterdir() if p.stat().st_size >= min_size]
+        if partials:
+            return partials[0]
+        time.sleep(0.01)
+    raise AssertionError("no download began")
+
+
+def test_sigterm_stops_it_cleanly(agent: AgentProcess) -> None:
+    assert agent.terminate() == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--port", "notaport"], "not a port"),
+        (["--max-bytes", "lots"], "not a size"),
+        (["-s", "host:port"], "not a server address"),
+    ],
+)
+def test_bad_flags_are_one_line_usage_errors(tmp_path: Path, args: list[str], words: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "blobsvc", "agent", "--cache-dir", str(tmp_path / "c"), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2 and words in done.stderr.lower() and "Traceback" not in done.stderr
+
+
+def test_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "blobsvc", "agent", "--cache-dir", str(tmp_path / "c"), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 1 and f"no free port in {port}" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_agent_class_serves_in_process(server_thread: ServerThread, put: BlobClient, tmp_path: Path) -> None:
+    """``Agent`` is usable from Python as ``blobsvc agent`` uses it."""
+    from blobsvc.agent import Agent
+
+    key = put.put(b"in process")
+    settings = Settings(server=server_thread.address, cache_dir=tmp_path / "cache", agent_port="0")
+
+    async def fetch() -> bytes:
+        async with Agent(settings) as agent:
+            host, port = agent.address
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(f"GET /blobs/{key} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n".encode())
+            answer = await reader.read()
+            writer.close()
+            return answer
+
+    answer = asyncio.run(fetch())
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"in process")
+    assert blake3.blake3(b"in process").hexdigest() == key
+
+
+def test_a_blob_evicted_between_its_fetch_and_its_open_is_fetched_again(
+    server_thread: ServerThread, put: BlobClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The eviction is simulated (os.open fails once as it would): a real one cannot be timed
+    into that gap."""
+    key = put.put(b"evicted once")
+    real_open = os.open
+    failures = [FileNotFoundError(2, "evicted")]
+
+    def open_once_evicted(path: str | os.PathLike[str], flags: int, *args: int) -> int:
+        if failures and str(path).endswith(f"content/{key}") and flags == os.O_RDONLY | os.O_CLOEXEC:
+            raise failures.pop()
+        return real_open(path, flags, *args)
+
+    async def fetch() -> bytes:
+        source = CacheSource(BlobCache(server_thread.address, tmp_path / "cache"), server_thread.address)
+        try:
+            with await source.open_blob(ContentKey(bytes.fromhex(key))) as blob:
+                return os.pread(blob.fd, blob.size, 0)
+        finally:
+            source.close()
+
+    monkeypatch.setattr(os, "open", open_once_evicted)
+    assert asyncio.run(fetch()) == b"evicted once"
+    assert not failures
