@@ -6,7 +6,6 @@ from __future__ import annotations
 import shlex
 import tarfile
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -18,6 +17,7 @@ from click.testing import CliRunner
 from blobsvc import Settings
 from blobsvc.cli import main
 
+from .agent_helpers import run_agent
 from .conftest import ServerThread
 
 AGENT = "http://127.0.0.1:6131"
@@ -25,10 +25,10 @@ AGENT = "http://127.0.0.1:6131"
 
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
-    """The shared server settings with the HTTP face (the agent's URL paths) and a secret."""
+    """The shared server settings with a secret."""
     secret = tmp_path / "secret"
     secret.write_text("s3cr3t\n")
-    return replace(settings, http_port="0", secret_file=secret)
+    return replace(settings, secret_file=secret)
 
 
 @pytest.fixture
@@ -60,36 +60,28 @@ def conf_of(out: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in words[1::2])
 
 
-def fetch(url: str) -> bytes:
-    with urllib.request.urlopen(url.partition("#")[0], timeout=10) as answer:
-        data: bytes = answer.read()
-    return data
-
-
 def test_prints_the_conf_of_an_environment_and_jars_on_the_agent(server_thread: ServerThread, files: Path) -> None:
-    # The server's HTTP face answers the agent's URL paths: the URLs must work as printed.
-    assert server_thread.server.http_address is not None
-    agent = "http://{}:{}".format(*server_thread.server.http_address)
-    args = [
-        "--environment",
-        str(files / "env.tar.gz"),
-        "--jar",
-        str(files / "udfs.jar"),
-        "--jar",
-        str(files / "io.jar"),
-    ]
-    code, out, _ = run(server_thread, *args, agent=agent)
-    assert code == 0
-    conf = conf_of(out)
-    assert list(conf) == ["spark.archives", "spark.pyspark.python", "spark.jars"]
-    archive, _, alias = conf["spark.archives"].partition("#")
-    key = blake3.blake3((files / "env.tar.gz").read_bytes()).hexdigest()
-    assert archive.startswith(f"{agent}/blobs/{key}/env.tar.gz?expires=") and alias == "environment"
-    assert fetch(archive) == (files / "env.tar.gz").read_bytes()
-    assert conf["spark.pyspark.python"] == "./environment/bin/python"
-    jars = conf["spark.jars"].split(",")
-    assert [fetch(url) for url in jars] == [(files / "udfs.jar").read_bytes(), (files / "io.jar").read_bytes()]
-    assert [url.split("?")[0].rsplit("/", 1)[1] for url in jars] == ["udfs.jar", "io.jar"]
+    secret = str(server_thread.settings.secret_file)
+    with run_agent(server_thread.address, files / "agent", "--secret-file", secret) as agent:
+        args = ["--environment", str(files / "env.tar.gz"), "--jar", str(files / "udfs.jar")]
+        code, out, _ = run(server_thread, *args, "--jar", str(files / "io.jar"), agent=agent.url)
+        assert code == 0
+        conf = conf_of(out)
+
+        def fetch(url: str) -> bytes:
+            status, body = agent.get(url.removeprefix(agent.url).partition("#")[0])
+            assert status == 200, body
+            return body
+
+        assert list(conf) == ["spark.archives", "spark.pyspark.python", "spark.jars"]
+        archive, _, alias = conf["spark.archives"].partition("#")
+        key = blake3.blake3((files / "env.tar.gz").read_bytes()).hexdigest()
+        assert archive.startswith(f"{agent.url}/blobs/{key}/env.tar.gz?expires=") and alias == "environment"
+        assert fetch(archive) == (files / "env.tar.gz").read_bytes()
+        assert conf["spark.pyspark.python"] == "./environment/bin/python"
+        jars = conf["spark.jars"].split(",")
+        assert [fetch(url) for url in jars] == [(files / "udfs.jar").read_bytes(), (files / "io.jar").read_bytes()]
+        assert [urlsplit(url).path.rsplit("/", 1)[1] for url in jars] == ["udfs.jar", "io.jar"]
 
 
 def test_a_second_run_sends_no_bytes_and_agent_beats_the_environment(server_thread: ServerThread, files: Path) -> None:

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -28,6 +27,7 @@ from pyspark import SparkConf
 from blobsvc import BlobClient, InvalidArgument, Settings, _digests
 from blobsvc.spark import environment
 
+from .agent_helpers import AgentProcess, run_agent
 from .conftest import ServerThread
 from .spark_helpers import start_session
 
@@ -78,10 +78,10 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
-    """The shared server settings with the HTTP face (the agent's URL paths) and a secret."""
+    """The shared server settings with a secret."""
     secret = tmp_path / "secret"
     secret.write_text("s3cr3t\n")
-    return replace(settings, http_port="0", secret_file=secret)
+    return replace(settings, secret_file=secret)
 
 
 @pytest.fixture
@@ -103,19 +103,17 @@ def blobsvc_conf(server: ServerThread, tmp_path: Path, **extra: str) -> SparkCon
     return conf
 
 
-def http_face(server: ServerThread) -> str:
-    assert server.server.http_address is not None
-    return "http://{}:{}".format(*server.server.http_address)
-
-
 @pytest.mark.usefixtures("blank_environ")
 def test_a_conf_gets_the_archives_url_on_the_agent_and_the_python_inside_it(
     server_thread: ServerThread, archive: Path, tmp_path: Path
 ) -> None:
-    # The server's HTTP face answers the agent's URL paths: the URL must work as given.
-    agent = http_face(server_thread)
     conf = blobsvc_conf(server_thread, tmp_path)
-    assert environment(conf, archive, agent=agent) is conf
+    secret = str(server_thread.settings.secret_file)
+    with run_agent(server_thread.address, tmp_path / "agent", "--secret-file", secret) as running:
+        agent = running.url
+        assert environment(conf, archive, agent=agent) is conf
+        url = conf.get("spark.archives", "").partition("#")[0]
+        assert running.get(url.removeprefix(agent)) == (200, archive.read_bytes()), "the URL works as given"
     key = blake3.blake3(archive.read_bytes()).hexdigest()
     url, _, alias = conf.get("spark.archives", "").partition("#")
     assert alias == "environment"
@@ -123,8 +121,6 @@ def test_a_conf_gets_the_archives_url_on_the_agent_and_the_python_inside_it(
     expires = int(parse_qs(urlsplit(url).query)["expires"][0])
     assert abs(expires - (time.time() + 7 * 24 * 3600)) < 60, "signed for 7 days: executors join later"
     assert urlsplit(url).path.endswith("/env.tar.gz"), "Spark unpacks by the file name the URL's path ends in"
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        assert answer.read() == archive.read_bytes()
     assert conf.get("spark.pyspark.python") == "./environment/bin/python"
     assert os.environ["PYSPARK_PYTHON"] == "./environment/bin/python"
     with BlobClient(server_thread.address, secret=b"s3cr3t") as client:
@@ -222,46 +218,40 @@ def test_bad_input_is_one_line_invalid_argument(
 
 
 @dataclass
-class Agent:
-    """STAND-IN until `blobsvc agent` lands: the server's own HTTP face, which answers the
-    agent's URL paths, with the server's HTTP GETs counted in place of the agent's fetches."""
-
-    server: ServerThread
-
-    @property
-    def url(self) -> str:
-        return http_face(self.server)
-
-    def fetched(self) -> int:
-        return self.server.server.requests.get("HTTP_GET", 0)
-
-
-@dataclass
 class Cluster:
     server: ServerThread
-    agent: Agent
+    agent: AgentProcess
     root: Path
     conf: dict[str, str]
+
+    def fetched(self) -> float:
+        """Bytes the agent downloaded from the server."""
+        return self.agent.metric("blobsvc_agent_bytes_fetched_total")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A server with a secret (no HTTP face: every byte Spark fetches goes through the agent)
+    and one agent, for this host's driver and both executors."""
     root = tmp_path_factory.mktemp("spark-environment")
     secret = root / "secret"
     secret.write_text("s3cr3t\n")
-    settings = Settings(host="127.0.0.1", port="0", http_port="0", data_dir=root / "data", secret_file=secret)
-    server = ServerThread(settings).start()
-    agent = Agent(server)
-    conf = {
-        "spark.blobsvc.server": server.address,
-        "spark.blobsvc.secretFile": str(secret),
-        "spark.blobsvc.cacheDir": str(root / "driver-cache"),
-        "spark.blobsvc.agent": agent.url,
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYSPARK_PYTHON", sys.executable)  # environment() sets it: put it back after
-        yield Cluster(server, agent, root, conf)
-    server.stop()
+    server = ServerThread(Settings(host="127.0.0.1", port="0", data_dir=root / "data", secret_file=secret)).start()
+    try:
+        with (
+            run_agent(server.address, root / "agent-cache", "--secret-file", str(secret)) as agent,
+            pytest.MonkeyPatch.context() as patch,
+        ):
+            patch.setenv("PYSPARK_PYTHON", sys.executable)  # environment() sets it: put it back after
+            conf = {
+                "spark.blobsvc.server": server.address,
+                "spark.blobsvc.secretFile": str(secret),
+                "spark.blobsvc.cacheDir": str(root / "driver-cache"),
+                "spark.blobsvc.agent": agent.url,
+            }
+            yield Cluster(server, agent, root, conf)
+    finally:
+        server.stop()
 
 
 def run_tasks(session: Any) -> list[tuple[str, str, str, str]]:
@@ -295,27 +285,50 @@ def assert_ran_in_the_environment(rows: list[tuple[str, str, str, str]]) -> None
 @dataclass
 class FirstApplication:
     rows: list[tuple[str, str, str, str]]
-    fetched: int
+    fetched: float
     refused: str
 
 
 @pytest.fixture(scope="module")
-def first_application(cluster: Cluster, archive: Path) -> Iterator[FirstApplication]:
+def first_application(cluster: Cluster, archive: Path) -> FirstApplication:
+    """The first application with the environment, run to its end (the session stopped)."""
     assert importlib.util.find_spec(PROBE) is None, "the probe must come from the environment only"
     session = start_session(cluster.root / "work", cluster.conf, prepare=lambda b: environment(b, archive))
     try:
         rows = run_tasks(session)
         with pytest.raises(InvalidArgument) as refused:
             environment(SparkConf(loadDefaults=False).setAll(list(cluster.conf.items())), archive)
-        yield FirstApplication(rows, cluster.agent.fetched(), str(refused.value))
     finally:
         session.stop()
+    return FirstApplication(rows, cluster.fetched(), str(refused.value))
 
 
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_executors_run_tasks_in_the_environment_the_agent_fetched(first_application: FirstApplication) -> None:
+def test_executors_run_tasks_in_the_environment_the_agent_fetched(
+    first_application: FirstApplication, archive: Path
+) -> None:
     assert_ran_in_the_environment(first_application.rows)
-    assert first_application.fetched > 0, "the agent fetched the archive from the server"
+    assert first_application.fetched == archive.stat().st_size, "the agent fetched the archive once for the host"
     assert "a SparkContext is running" in first_application.refused
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_second_application_fetches_nothing_more_from_the_server(
+    cluster: Cluster, archive: Path, first_application: FirstApplication
+) -> None:
+    hits = cluster.agent.metric("blobsvc_agent_hits_total")
+    session = start_session(
+        cluster.root / "work", cluster.conf, name="second-application", prepare=lambda b: environment(b, archive)
+    )
+    try:
+        rows = run_tasks(session)
+    finally:
+        session.stop()
+    assert_ran_in_the_environment(rows)
+    assert cluster.fetched() == first_application.fetched, "no byte more from the server"
+    # The driver and both executors fetched spark.archives again: from the host's copy.
+    assert cluster.agent.metric("blobsvc_agent_hits_total") >= hits + 3
