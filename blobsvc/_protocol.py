@@ -50,6 +50,7 @@ __all__ = [
     "MAC_SIZE",
     "MAGIC",
     "MAX_ERROR_MESSAGE",
+    "MAX_HEARTBEAT_BYTES",
     "MAX_LIST_ENTRIES",
     "MAX_NAME_BYTES",
     "MAX_STATUS_BYTES",
@@ -68,6 +69,8 @@ __all__ = [
     "ErrorFrame",
     "GetOk",
     "GetRequest",
+    "HeartbeatOk",
+    "HeartbeatRequest",
     "Hello",
     "JobBlob",
     "LinkOk",
@@ -106,9 +109,16 @@ MAX_LIST_ENTRIES = 1_000_000
 # binary port). Neither can begin the binary preamble.
 HTTP_REPLY = b"HTTP/"
 _HTTP_REQUEST = re.compile(rb"[A-Z]{3,7} [/*h]")
-# A STATUS document is a few hundred bytes of counters; HA adds a few fields. A megabyte
-# leaves room for growth while a client never buffers a "status" the size of a blob.
-MAX_STATUS_BYTES = 1 << 20
+# A STATUS document is a few hundred bytes of counters, HA adds a few fields, and the hosts
+# reporting to the server (blobsvc.hosts) add at most ~900 bytes each, for at most 10,000
+# of them: 16 MiB holds them all while a client never buffers a "status" the size of a blob.
+MAX_STATUS_BYTES = 16 << 20
+# A heartbeat is a few hundred bytes of an agent's counters plus the jobs it holds, 35 bytes
+# each: 64 KiB lists some 1,800 jobs, far more than one host runs at once. It is the largest
+# frame the server buffers (every other request is a header of at most 307 bytes), so it is
+# kept small: the server holds at most this much per connection for it. The reply names a
+# subset of those jobs and is bounded the same way.
+MAX_HEARTBEAT_BYTES = 64 << 10
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -127,6 +137,7 @@ class Op(enum.IntEnum):
     LIST = 0x04
     LINK = 0x05
     STATUS = 0x06
+    HEARTBEAT = 0x07
     AUTH = 0x7F
 
 
@@ -316,6 +327,14 @@ class StatusRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    """An executor host's agent reports itself: a JSON object (its address, cache figures,
+    the jobs it holds), documented in README, not fixed by the protocol."""
+
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Data:
     """A piece of a PUT or GET body."""
 
@@ -386,6 +405,14 @@ class StatusOk:
 
 
 @dataclass(frozen=True, slots=True)
+class HeartbeatOk:
+    """The server's answer to a heartbeat as a JSON object: when to send the next one, and
+    which of the agent's jobs are gone."""
+
+    reply: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorFrame:
     code: int
     message: str = ""
@@ -397,9 +424,17 @@ class ErrorFrame:
 
 
 Request = (
-    AuthRequest | PutRequest | GetRequest | DeleteRequest | StatRequest | ListRequest | StatusRequest | LinkRequest
+    AuthRequest
+    | PutRequest
+    | GetRequest
+    | DeleteRequest
+    | StatRequest
+    | ListRequest
+    | StatusRequest
+    | LinkRequest
+    | HeartbeatRequest
 )
-Reply = AuthOk | PutOk | GetOk | DeleteOk | StatOk | ListOk | StatusOk | LinkOk | ErrorFrame
+Reply = AuthOk | PutOk | GetOk | DeleteOk | StatOk | ListOk | StatusOk | LinkOk | HeartbeatOk | ErrorFrame
 ServerEvent = Hello | Request | Data | PutTrailer
 ClientEvent = ServerHello | Reply | Data | EndOfBody
 
@@ -414,6 +449,23 @@ def _encode_target(target: Target) -> bytes:
         raw = target.name.encode("utf-8")
         return bytes([Addressing.JOB]) + target.job + _U16.pack(len(raw)) + raw
     return bytes([Addressing.JOB_ALL]) + target.job
+
+
+# STATUS and HEARTBEAT carry a JSON object behind a u32 length: (document kind, byte limit).
+_STATUS_DOCUMENT = ("status", MAX_STATUS_BYTES)
+_HEARTBEAT_DOCUMENT = ("heartbeat", MAX_HEARTBEAT_BYTES)
+
+
+def _encode_document(document: dict[str, Any], kind: tuple[str, int]) -> bytes:
+    """A u32 length and the compact UTF-8 JSON of ``document``, refused over its limit."""
+    what, limit = kind
+    try:
+        raw = json.dumps(document, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:  # a value JSON cannot hold, a circular reference
+        raise InvalidArgument(f"a {what} document must be plain JSON: {exc}") from None
+    if len(raw) > limit:
+        raise LocalProtocolError(f"a {what} document of {len(raw)} bytes is over the limit of {limit}")
+    return _U32.pack(len(raw)) + raw
 
 
 def encode_request(frame: Hello | Request | PutTrailer) -> bytes:
@@ -440,6 +492,8 @@ def encode_request(frame: Hello | Request | PutTrailer) -> bytes:
             return bytes([Op.LIST]) + _encode_target(WholeJob(job))
         case StatusRequest():
             return bytes([Op.STATUS])
+        case HeartbeatRequest(report):
+            return bytes([Op.HEARTBEAT]) + _encode_document(report, _HEARTBEAT_DOCUMENT)
         case LinkRequest(target, key):
             return bytes([Op.LINK]) + _encode_target(target) + key
     raise LocalProtocolError(f"a client does not send {type(frame).__name__}")
@@ -466,10 +520,9 @@ def encode_reply(frame: ServerHello | Reply) -> bytes:
                 parts += [_U16.pack(len(raw)), raw, _SIZE_DIGEST.pack(entry.size, entry.digest)]
             return b"".join(parts)
         case StatusOk(status):
-            document = json.dumps(status, separators=(",", ":")).encode("utf-8")
-            if len(document) > MAX_STATUS_BYTES:
-                raise LocalProtocolError(f"a status document of {len(document)} bytes is over the limit")
-            return b"\x00" + _U32.pack(len(document)) + document
+            return b"\x00" + _encode_document(status, _STATUS_DOCUMENT)
+        case HeartbeatOk(reply):
+            return b"\x00" + _encode_document(reply, _HEARTBEAT_DOCUMENT)
         case ErrorFrame(code, message):
             raw = message.encode("utf-8", "replace")[:MAX_ERROR_MESSAGE]
             return _ERROR_HEADER.pack(_STATUS_ERROR, code, len(raw)) + raw
@@ -524,6 +577,23 @@ def _read_name(cursor: _Cursor) -> str:
     return raw.decode("utf-8")
 
 
+def _read_document(cursor: _Cursor, kind: tuple[str, int]) -> dict[str, Any]:
+    """A u32 length and that many bytes of a UTF-8 JSON object; the length is refused over
+    the kind's limit before a byte of the document is buffered."""
+    what, limit = kind
+    (length,) = cursor.unpack(_U32)
+    if length > limit:
+        raise RemoteProtocolError(f"a {what} document of {length} bytes is over the limit of {limit}")
+    raw = cursor.take(length)
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # also UnicodeDecodeError; RecursionError: "[[[[…"
+        raise RemoteProtocolError(f"the {what} document is not UTF-8 JSON") from None
+    if not isinstance(document, dict):
+        raise RemoteProtocolError(f"the {what} document is not a JSON object")
+    return document
+
+
 def _read_target(cursor: _Cursor, op: Op, allowed: tuple[Addressing, ...]) -> Target | None:
     byte = cursor.u8()
     try:
@@ -554,6 +624,8 @@ def _read_request(cursor: _Cursor) -> Request:
         return AuthRequest(cursor.take(MAC_SIZE))
     if op is Op.STATUS:
         return StatusRequest()
+    if op is Op.HEARTBEAT:
+        return HeartbeatRequest(_read_document(cursor, _HEARTBEAT_DOCUMENT))
     if op is Op.LIST:
         target = _read_target(cursor, op, (Addressing.JOB_ALL,))
         assert isinstance(target, WholeJob)
@@ -820,10 +892,11 @@ class ClientConnection(_Receiver):
             raise LocalProtocolError("a PUT body must be finished before the next request")
         if isinstance(frame, Hello) != (self.server_hello is None and not self._expected):
             raise LocalProtocolError("the preamble is sent once, first")
+        wire = encode_request(frame)  # first: a frame that cannot be sent leaves the connection as it was
         if isinstance(frame, PutRequest):
             self._send_body_left = frame.length
         self._expected.append(frame)
-        return encode_request(frame)
+        return wire
 
     @property
     def body_unread(self) -> int:
@@ -960,8 +1033,8 @@ class ClientConnection(_Receiver):
             del self._buf[: 1 + KEY_SIZE]
             self._expected.popleft()
             return PutOk(key)
-        if isinstance(request, StatusRequest):
-            return self._read_status()
+        if isinstance(request, StatusRequest | HeartbeatRequest):
+            return self._read_document_reply(request)
         if isinstance(request, ListRequest):
             if len(self._buf) < 1 + _U32.size:
                 return NEED_DATA
@@ -975,24 +1048,15 @@ class ClientConnection(_Receiver):
         self._expected.popleft()
         return AuthOk() if isinstance(request, AuthRequest) else DeleteOk()
 
-    def _read_status(self) -> StatusOk | Signal:
-        if len(self._buf) < 1 + _U32.size:
-            return NEED_DATA
-        (length,) = _U32.unpack_from(self._buf, 1)
-        if length > MAX_STATUS_BYTES:
-            raise RemoteProtocolError(f"status document of {length} bytes is over the limit")
-        end = 1 + _U32.size + length
-        if len(self._buf) < end:
-            return NEED_DATA
-        try:
-            status = json.loads(bytes(self._buf[1 + _U32.size : end]).decode("utf-8"))
-        except ValueError:  # also UnicodeDecodeError
-            raise RemoteProtocolError("the status document is not UTF-8 JSON") from None
-        if not isinstance(status, dict):
-            raise RemoteProtocolError("the status document is not a JSON object")
-        del self._buf[:end]
+    def _read_document_reply(self, request: StatusRequest | HeartbeatRequest) -> StatusOk | HeartbeatOk | Signal:
+        frame, kind = (
+            (StatusOk, _STATUS_DOCUMENT) if isinstance(request, StatusRequest) else (HeartbeatOk, _HEARTBEAT_DOCUMENT)
+        )
+        document = self._try(lambda cursor: _read_ok_document(cursor, kind))
+        if isinstance(document, Signal):
+            return document
         self._expected.popleft()
-        return StatusOk(status)
+        return frame(document)
 
     def _next_list_entry(self) -> ListOk | Signal:
         assert self._list is not None
@@ -1006,6 +1070,11 @@ class ClientConnection(_Receiver):
         self._list = None
         self._expected.popleft()
         return frame
+
+
+def _read_ok_document(cursor: _Cursor, kind: tuple[str, int]) -> dict[str, Any]:
+    cursor.u8()  # the OK status, checked by the caller
+    return _read_document(cursor, kind)
 
 
 def _read_list_entry(cursor: _Cursor) -> ListEntry:

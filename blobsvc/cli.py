@@ -185,6 +185,8 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("cluster_id")
 @setting_option("ha_dir")
 @setting_option("zookeeper_session_timeout")
+@setting_option("agent_heartbeat_interval")
+@setting_option("agent_lost_after")
 @setting_option("connect_timeout")
 @click.pass_context
 def serve(ctx: click.Context, /, **options: Any) -> None:
@@ -400,20 +402,81 @@ async def ls(client: AsyncBlobClient, job: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with --hosts, the JSON list of hosts).")
+@click.option("--hosts", is_flag=True, help="List the executor hosts whose agents report to the server, one per line.")
 @client_options
 @_client_command
-async def status(client: AsyncBlobClient, as_json: bool) -> None:
+async def status(client: AsyncBlobClient, as_json: bool, hosts: bool) -> None:
     """Print a server's version, uptime, role, blobs and bytes stored, free disk,
-    connections and requests served; exit 1 when it cannot be reached."""
+    connections and requests served; exit 1 when it cannot be reached.
+
+    With --hosts: each executor host's agent address, host name, state (live, or LOST when
+    it has not sent a heartbeat for agent_lost_after seconds), version, cache bytes and limit,
+    hits, misses, jobs held, and when it was last heard from.
+    """
     info = await client.status()
+    if hosts:
+        _print_hosts(info, as_json)
+        return
     if as_json:
         click.echo(json.dumps(info, sort_keys=True))
         return
     for name, value in info.items():
-        if isinstance(value, dict):
+        if name == "hosts" and isinstance(value, list):
+            value = _hosts_summary(value)
+        elif isinstance(value, dict):
             value = " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
         click.echo(f"{name.replace('_', ' ')}: {value}")
+
+
+def _hosts_summary(hosts: list[dict[str, Any]]) -> str:
+    live = sum(host.get("state") == "live" for host in hosts)
+    return f"{live} live, {len(hosts) - live} lost (status --hosts lists them)"
+
+
+def _print_hosts(info: dict[str, Any], as_json: bool) -> None:
+    hosts = info.get("hosts")
+    if not isinstance(hosts, list):
+        raise click.ClickException("this server lists no hosts: it predates agents' heartbeats")
+    if as_json:
+        click.echo(json.dumps(hosts, sort_keys=True))
+        return
+    if not hosts:
+        click.echo("no agent has reported to this server since it started (or became leader)")
+        return
+    # "Seconds ago" by the server's own clock (its start plus its uptime): no skew with ours.
+    now = info.get("started", 0) + info.get("uptime_seconds", 0)
+    rows = [
+        [
+            str(host.get("agent")),
+            host.get("host") or "-",
+            "live" if host.get("state") == "live" else "LOST",
+            host.get("version") or "-",
+            f"cache {_bytes_text(host.get('cache_bytes'))}/{_bytes_text(host.get('cache_max_bytes'))}",
+            f"hits {_count_text(host.get('hits'))}",
+            f"misses {_count_text(host.get('misses'))}",
+            f"jobs {_count_text(host.get('jobs'))}",
+            f"seen {max(0, round(now - host.get('last_seen', now)))} s ago",
+        ]
+        for host in hosts
+    ]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    for row in rows:
+        click.echo("  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]))
+
+
+def _count_text(count: Any) -> str:
+    return "-" if count is None else str(count)
+
+
+def _bytes_text(size: Any) -> str:
+    """``1.5GiB``, ``300KiB``, ``12B``; ``-`` when the agent did not say."""
+    if not isinstance(size, int):
+        return "-"
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f}".removesuffix(".0") + unit
+    return f"{size}B"
 
 
 def _writable_destination(ctx: click.Context, param: click.Parameter, value: str) -> str:

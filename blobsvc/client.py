@@ -24,7 +24,7 @@ import ssl
 import tempfile
 import threading
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Concatenate, ParamSpec, TypeVar
@@ -70,6 +70,8 @@ from ._protocol import (
     ErrorFrame,
     GetOk,
     GetRequest,
+    HeartbeatOk,
+    HeartbeatRequest,
     Hello,
     JobBlob,
     LinkOk,
@@ -744,6 +746,16 @@ class AsyncBlobClient:
         assert isinstance(reply, StatusOk)
         return reply.status
 
+    async def heartbeat(self, report: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """Report an executor host's agent to the server (docs/protocol.md, "HEARTBEAT", lists
+        the fields; ``agent`` is required) and return its answer: ``interval`` (seconds it
+        wants between heartbeats), ``lost_after`` and ``gone_jobs`` (those of the report's
+        ``jobs`` that no longer exist). Retried, and with a ``zk://`` URL sent to the leader,
+        as :meth:`status` is; a malformed report raises :class:`BadRequest`."""
+        reply = await self._simple(HeartbeatRequest(dict(report)), timeout)
+        assert isinstance(reply, HeartbeatOk)
+        return reply.reply
+
     # --- machinery ---------------------------------------------------------------------------
 
     async def _simple(self, request: Request, timeout: float | None) -> ClientEvent:
@@ -1219,6 +1231,7 @@ class BlobClient:
     delete_job = _blocking(AsyncBlobClient.delete_job)
     list = _blocking(AsyncBlobClient.list)
     status = _blocking(AsyncBlobClient.status)
+    heartbeat = _blocking(AsyncBlobClient.heartbeat)
     link = _blocking(AsyncBlobClient.link)
     put_file = _blocking(AsyncBlobClient.put_file)
 

@@ -284,6 +284,13 @@ class Settings:
     zookeeper_session_timeout: float = _setting(
         10.0, _parse_seconds, "Seconds a server's ZooKeeper session outlives a lost connection; bounds failover time."
     )
+    # executor hosts' agents, as the server sees them
+    agent_heartbeat_interval: float = _setting(
+        10.0, _parse_seconds, "Seconds the server asks executor hosts' agents to wait between heartbeats."
+    )
+    agent_lost_after: float = _setting(
+        30.0, _parse_seconds, "Seconds without a heartbeat after which the server lists an agent's host as lost."
+    )
     # client
     server: str = _setting(
         f"127.0.0.1:{DEFAULT_PORT}",
@@ -332,6 +339,14 @@ class Settings:
     secret_file: Path | None = _setting(
         None, _optional_path, "File holding the shared secret; when set, the server requires AUTH."
     )
+
+    def __post_init__(self) -> None:
+        if self.agent_lost_after <= self.agent_heartbeat_interval:
+            raise InvalidArgument(
+                f"setting agent_lost_after ({self.agent_lost_after:g} s) must be longer than "
+                f"agent_heartbeat_interval ({self.agent_heartbeat_interval:g} s): every host would be lost "
+                "between two heartbeats"
+            )
 
     @classmethod
     def load(

@@ -9,7 +9,8 @@ Two kinds of figures, each gathered the cheaper way:
   step under the GIL) and builds the metric families.
 * **State**, read at scrape time from :meth:`BlobServer.status`: connections, BUSY refusals,
   stored blobs and bytes, free disk, staging files, uploads in flight, what the start-up scan
-  removed, the role (and, once HA gives them, leader changes). Nothing is kept for these.
+  removed, the role (and, once HA gives them, leader changes), agents live and lost and their
+  heartbeats. Nothing is kept for these.
 
 Scrapes are answered by prometheus-client's HTTP server in a daemon thread on
 ``metrics_port``, and by the ``/metrics`` route of the server's HTTP face (built in a worker
@@ -50,6 +51,7 @@ BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 _STATE_COUNTERS = (
     ("blobsvc_busy_refusals", "busy_refusals", "Connections refused with BUSY at the connection limit."),
     ("blobsvc_journal_checkpoints", "journal_checkpoints", "Checkpoints of the journal of small PUTs (syncfs)."),
+    ("blobsvc_agent_heartbeats", "heartbeats", "Heartbeats answered from executor hosts' agents."),
 )
 _STATE_GAUGES = (
     ("blobsvc_connections", "connections", "Open client connections."),
@@ -169,6 +171,15 @@ class ServerMetrics:
         for reason, count in status["removed_at_start"].items():
             removed.add_metric([reason], count)
         yield removed
+        agents = GaugeMetricFamily(
+            "blobsvc_agents", "Executor hosts whose agents report, by state (lost: no heartbeat lately).",
+            labels=["state"],
+        )  # fmt: skip
+        hosts = status["hosts"]
+        live = sum(host["state"] == "live" for host in hosts)
+        agents.add_metric(["live"], live)
+        agents.add_metric(["lost"], len(hosts) - live)
+        yield agents
         role = GaugeMetricFamily("blobsvc_role", "1 for the role this server has now.", labels=["role"])
         role.add_metric([str(status["role"])], 1)
         yield role

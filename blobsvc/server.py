@@ -76,6 +76,8 @@ from ._protocol import (
     ErrorFrame,
     GetOk,
     GetRequest,
+    HeartbeatOk,
+    HeartbeatRequest,
     JobBlob,
     LinkOk,
     LinkRequest,
@@ -98,6 +100,7 @@ from ._threads import wait_out
 from ._tls import TlsStream, server_context_for
 from .config import Settings, package_version
 from .ha import HighAvailability, high_availability
+from .hosts import HostRegistry, HostReport, heartbeat_reply
 from .http import HttpConnection, HttpFace, bad_request_bytes
 from .storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
 
@@ -150,6 +153,8 @@ class BlobServer:
         """The connections served, binary and HTTP, under ``max_connections``."""
         self.http = HttpFace(self.open_blob, self._secret)
         """The HTTP face's routes (on when ``http_port`` is set); see :mod:`blobsvc.http`."""
+        self.hosts = HostRegistry(self.settings.agent_lost_after)
+        """The executor hosts whose agents send heartbeats (see :mod:`blobsvc.hosts`)."""
         self.recovery: RecoveryReport | None = None
         self.requests: collections.Counter[str] = collections.Counter()
         """Requests served, by kind (``"GET"``, ``"PUT"``, …): for operators and tests."""
@@ -302,10 +307,28 @@ class BlobServer:
                 "orphaned": report.removed_orphans,
                 "stray": len(report.removed_stray),
             },
+            "heartbeats": self.hosts.heartbeats,
+            "hosts_unlisted": self.hosts.unlisted,
+            "hosts": self.hosts.listing(),
         }
         for source in self.status_sources:
             status.update(source())
         return status
+
+    async def heartbeat(self, document: Mapping[str, Any]) -> dict[str, Any]:
+        """A HEARTBEAT's answer: the agent's report recorded (BAD_REQUEST when malformed), when
+        to send the next one, and which of its jobs are gone: no blob under them here, nor in
+        the HA store (a new leader may not have fetched a live job's blobs yet)."""
+        report = HostReport.parse(document)
+        self.hosts.record(report)
+        gone = []
+        if report.jobs:
+            # A stat per job: cheap, but the disk's business, so not on the event loop.
+            absent = await asyncio.to_thread(
+                lambda: [job for job in report.jobs if not self.storage.has_job(bytes.fromhex(job))]
+            )
+            gone = [job for job in absent if not await self.ha.holds_job(bytes.fromhex(job))]
+        return heartbeat_reply(self.settings.agent_heartbeat_interval, self.settings.agent_lost_after, gone)
 
     def _metrics_address(self) -> str | None:
         """Where ``/metrics`` is scraped: the metrics port, or the HTTP face when there is none."""
@@ -461,6 +484,8 @@ class _Connection(Connection):
                 await self._send(AuthOk())
             case StatusRequest():
                 await self._send(StatusOk(self.server.status()))
+            case HeartbeatRequest(report):
+                await self._send(HeartbeatOk(await self.server.heartbeat(report)))
             case _:
                 raise RemoteProtocolError(f"unexpected {type(event).__name__}")
 

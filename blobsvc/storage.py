@@ -708,6 +708,11 @@ class BlobStorage:
                     entries.append(ListEntry(name, info.st_size, key))
         return entries
 
+    def has_job(self, job: bytes) -> bool:
+        """Whether any blob is stored under ``job``: one ``stat`` of its directory, which
+        DELETE of the whole job renames away at once and deleting its last blob removes."""
+        return self.layout.job_dir(job).is_dir()
+
     def _path(self, target: ContentKey | JobBlob) -> Path:
         if isinstance(target, ContentKey):
             return self.layout.content(target.key)

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from kazoo.client import KazooClient
 
 from blobsvc import BlobCache, BlobClient, DigestMismatch, NotFound, NotLeader, Settings, new_job_id
-from blobsvc._protocol import ContentKey, JobBlob
+from blobsvc._protocol import ContentKey, JobBlob, WholeJob
 from blobsvc.cli import main
 from blobsvc.ha import discovery
 from blobsvc.ha.discovery import ZkPaths
@@ -395,3 +395,25 @@ def test_a_link_on_the_leader_is_durable_in_the_ha_store_and_recovers_content_on
             assert client.get(job=job, name="again.bin") == b"model bytes"
     finally:
         server.stop()
+
+
+def test_heartbeats_go_to_the_leader_and_a_job_only_the_ha_store_holds_is_not_gone(
+    zookeeper: ZooKeeper, servers: list[HaServer], tmp_path: Path
+) -> None:
+    leader = _in_process(zookeeper, tmp_path, "agents")
+    try:
+        servers.append(HaServer(zookeeper.hosts, tmp_path / "ha", tmp_path / "standby", cluster_id="agents"))
+        report = {"agent": "exec-1:6140"}
+        with _client(servers[0].address, retries=0) as direct, pytest.raises(NotLeader, match=leader.address):
+            direct.heartbeat(report)
+        kept, ended = new_job_id(), new_job_id()
+        with _client(f"zk://{zookeeper.hosts}/agents") as client:
+            for job in (kept, ended):
+                client.put(b"udfs", job=job, name="udfs.jar")
+            client.delete_job(ended)
+            # The leader's disk loses the job (as a newly elected one may lack it); the HA store has it.
+            leader.server.storage.delete(WholeJob(bytes.fromhex(kept)))
+            assert client.heartbeat({**report, "jobs": [kept, ended]})["gone_jobs"] == [ended]
+            assert [host["agent"] for host in client.status()["hosts"]] == ["exec-1:6140"]
+    finally:
+        leader.stop()

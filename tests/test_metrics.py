@@ -270,3 +270,18 @@ async def test_a_download_the_client_walks_away_from_counts_as_aborted(metered: 
         samples = await scrape_async(server)
     assert value(samples, "blobsvc_requests_total", op="GET", outcome="aborted") == 1
     assert value(samples, "blobsvc_sent_bytes_total") == 0  # only bodies sent whole count
+
+
+async def test_agents_are_counted_live_and_lost_and_their_heartbeats_too(metered: Settings) -> None:
+    agents = replace(metered, agent_heartbeat_interval=0.1, agent_lost_after=0.3)
+    async with BlobServer(agents) as server, AsyncBlobClient(server.address, retries=0) as client:
+        samples = await scrape_async(server)
+        assert value(samples, "blobsvc_agents", state="live") == value(samples, "blobsvc_agents", state="lost") == 0
+        await client.heartbeat({"agent": "exec-1:6140"})
+        await asyncio.sleep(0.4)
+        await client.heartbeat({"agent": "exec-2:6140"})
+        await client.heartbeat({"agent": "exec-2:6140"})
+        samples = await scrape_async(server)
+    assert value(samples, "blobsvc_agents", state="live") == value(samples, "blobsvc_agents", state="lost") == 1
+    assert value(samples, "blobsvc_agent_heartbeats_total") == 3
+    assert value(samples, "blobsvc_requests_total", op="HEARTBEAT", outcome="ok") == 3

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blobsvc import ConnectionClosed, LocalProtocolError, RemoteProtocolError
+from blobsvc import ConnectionClosed, InvalidArgument, LocalProtocolError, RemoteProtocolError
 from blobsvc._protocol import (
     CLOSED,
+    MAX_HEARTBEAT_BYTES,
     MAX_NAME_BYTES,
     MAX_STATUS_BYTES,
     NEED_DATA,
@@ -30,6 +31,8 @@ from blobsvc._protocol import (
     ErrorFrame,
     GetOk,
     GetRequest,
+    HeartbeatOk,
+    HeartbeatRequest,
     Hello,
     JobBlob,
     ListEntry,
@@ -102,6 +105,7 @@ REQUEST_CASES: list[tuple[Sequence[Any], bytes]] = [
     ([ListRequest(JOB)], b"\x04\x02" + JOB),
     ([AuthRequest(KEY)], b"\x7f" + KEY),
     ([StatusRequest()], b"\x06"),
+    ([HeartbeatRequest({"agent": "h:1", "jobs": []})], b"\x07\x19\x00\x00\x00" + b'{"agent":"h:1","jobs":[]}'),
 ]
 
 
@@ -352,6 +356,102 @@ def test_a_status_reply_over_the_limit_is_refused_before_it_is_buffered() -> Non
         client.next_event()
     with pytest.raises(LocalProtocolError, match="over the limit"):
         ServerConnection().send(StatusOk({"x": "y" * MAX_STATUS_BYTES}))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_heartbeat_reply_is_a_length_prefixed_json_object(mode: str) -> None:
+    reply = {"interval": 10.0, "lost_after": 30.0, "gone_jobs": [JOB.hex()]}
+    wire = ServerConnection().send(HeartbeatOk(reply))
+    document = b'{"interval":10.0,"lost_after":30.0,"gone_jobs":["' + JOB.hex().encode() + b'"]}'
+    assert wire == b"\x00" + struct.pack("<I", len(document)) + document
+    client = client_after_hello()
+    client.send(HeartbeatRequest({"agent": "h:1"}))
+    client.send(StatRequest(ContentKey(KEY)))  # pipelined behind it
+    assert feed(client, wire + ServerConnection().send(StatOk(1, KEY)), mode) == [HeartbeatOk(reply), StatOk(1, KEY)]
+
+
+def test_the_heartbeat_example_of_the_spec_is_byte_exact() -> None:
+    report = {"agent": "10.0.0.7:6140", "jobs": ["00112233445566778899aabbccddeeff"]}
+    request = bytes.fromhex("0745000000") + b'{"agent":"10.0.0.7:6140","jobs":["00112233445566778899aabbccddeeff"]}'
+    assert encode_request(HeartbeatRequest(report)) == request
+    reply = {"interval": 10.0, "lost_after": 30.0, "gone_jobs": []}
+    assert ServerConnection().send(HeartbeatOk(reply)) == bytes.fromhex("0032000000") + (
+        b'{"interval":10.0,"lost_after":30.0,"gone_jobs":[]}'
+    )
+
+
+def test_the_bytes_after_a_heartbeat_are_left_for_the_next_request() -> None:
+    server = server_after_hello()
+    server.receive_data(encode_request(HeartbeatRequest({"agent": "h:1"})) + b"\x06\x04")
+    assert server.next_event() == HeartbeatRequest({"agent": "h:1"})
+    assert server.next_event() == StatusRequest()
+    assert server.next_event() is NEED_DATA
+    assert server.trailing_data == (b"\x04", False)
+
+
+DEEP = b"[" * 5000  # past Python's recursion limit: json.loads raises RecursionError, not ValueError
+
+
+@pytest.mark.parametrize(
+    ("document", "words"),
+    [
+        (b"[1, 2]", "not a JSON object"),
+        (b'"agent"', "not a JSON object"),
+        (b"{nope", "not UTF-8 JSON"),
+        (b'{"\xff": 1}', "not UTF-8 JSON"),
+        (b"", "not UTF-8 JSON"),
+        (DEEP, "not UTF-8 JSON"),
+    ],
+)
+def test_a_heartbeat_that_is_no_json_object_is_a_bad_request(document: bytes, words: str) -> None:
+    server = server_after_hello()
+    server.receive_data(b"\x07" + struct.pack("<I", len(document)) + document)
+    with pytest.raises(RemoteProtocolError, match=f"heartbeat document is {words}") as caught:
+        server.next_event()
+    assert caught.value.code == 1
+
+
+@pytest.mark.parametrize("request_", [StatusRequest(), HeartbeatRequest({})])
+def test_a_document_reply_nested_past_the_recursion_limit_is_a_remote_error(request_: Any) -> None:
+    client = client_after_hello()
+    client.send(request_)
+    client.receive_data(b"\x00" + struct.pack("<I", len(DEEP)) + DEEP)
+    with pytest.raises(RemoteProtocolError, match="not UTF-8 JSON"):
+        client.next_event()
+
+
+def test_a_heartbeat_over_the_limit_is_refused_before_it_is_buffered() -> None:
+    server = server_after_hello()
+    server.receive_data(b"\x07" + struct.pack("<I", MAX_HEARTBEAT_BYTES + 1))
+    with pytest.raises(RemoteProtocolError, match="over the limit") as caught:
+        server.next_event()
+    assert caught.value.code == 1
+    client = client_after_hello()
+    client.send(HeartbeatRequest({}))
+    client.receive_data(b"\x00" + struct.pack("<I", MAX_HEARTBEAT_BYTES + 1))
+    with pytest.raises(RemoteProtocolError, match="over the limit"):
+        client.next_event()
+    too_large = {"x": "y" * MAX_HEARTBEAT_BYTES}
+    client = client_after_hello()
+    with pytest.raises(LocalProtocolError, match="over the limit"):
+        client.send(HeartbeatRequest(too_large))
+    assert client.pending == 0  # nothing was sent, no reply is awaited: the connection can go on
+    with pytest.raises(LocalProtocolError, match="over the limit"):
+        ServerConnection().send(HeartbeatOk(too_large))
+
+
+def test_a_heartbeat_of_exactly_the_limit_is_taken() -> None:
+    report = {"x": "y" * (MAX_HEARTBEAT_BYTES - len(b'{"x":""}'))}
+    wire = encode_request(HeartbeatRequest(report))
+    assert len(wire) == 1 + 4 + MAX_HEARTBEAT_BYTES
+    server = server_after_hello()
+    server.receive_data(wire)
+    assert server.next_event() == HeartbeatRequest(report)
+
+
+def test_a_heartbeat_that_json_cannot_hold_is_an_invalid_argument() -> None:
+    with pytest.raises(InvalidArgument, match="plain JSON"):
+        encode_request(HeartbeatRequest({"when": object()}))
 
 
 def test_server_hello_with_auth_carries_the_nonce() -> None:

@@ -84,6 +84,9 @@ class Standalone:
     async def recover_job(self, job: bytes) -> None:
         pass
 
+    async def holds_job(self, job: bytes) -> bool:
+        return False
+
     def status(self) -> dict[str, Any]:
         return {"mode": self.mode}
 
@@ -210,6 +213,16 @@ class ZooKeeperHA:
         for name in await asyncio.to_thread(self.blobs.names, job):
             if name not in held:
                 await self.recover(JobBlob(job, name))
+
+    async def holds_job(self, job: bytes) -> bool:
+        """Whether the HA store holds a blob of ``job`` that the local disk may lack (a new
+        leader recovers lazily). When the store cannot be asked the answer is yes: an agent
+        told that a live job is gone would drop what its executors still use."""
+        try:
+            return await asyncio.to_thread(self.blobs.has_job, job)
+        except OSError as exc:
+            log.warning("could not ask the HA store about job %s: %s", job.hex(), exc)
+            return True
 
     def status(self) -> dict[str, Any]:
         """For STATUS and the metrics: reads only. ``ha_blobs`` is counted in a worker thread

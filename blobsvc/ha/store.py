@@ -79,6 +79,9 @@ class BlobStore(Protocol):
     def names(self, job: bytes) -> list[str]:
         """The names of ``job`` the store holds."""
 
+    def has_job(self, job: bytes) -> bool:
+        """Whether the store holds any name of ``job``: one listing, no record read."""
+
     def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
         """Remove a name, or every name of a job; bytes go with their last name."""
 
@@ -102,6 +105,9 @@ class VoidBlobStore:
 
     def names(self, job: bytes) -> list[str]:
         return []
+
+    def has_job(self, job: bytes) -> bool:
+        return False
 
     def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
         pass
@@ -398,6 +404,9 @@ class FileSystemBlobStore:
                 if record is not None:
                     found.append(record.name)
         return found
+
+    def has_job(self, job: bytes) -> bool:
+        return bool(self.files.listdir(f"jobs/{job.hex()}"))
 
     def count(self) -> int:
         return sum(len(self.files.listdir(f"objects/{prefix}")) for prefix in self.files.listdir("objects"))
