@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,12 @@ import pyspark
 MASTER = "local-cluster[2,1,1024]"
 
 
-def start_session(work_dir: Path, conf: dict[str, str], *, name: str = "blobsvc-test") -> Any:
+def start_session(
+    work_dir: Path, conf: dict[str, str], *, name: str = "blobsvc-test", prepare: Callable[[Any], Any] | None = None
+) -> Any:
     """A SparkSession on two executors. ``work_dir`` receives the workers' directories and
-    logs (Spark puts them under its own install otherwise)."""
+    logs (Spark puts them under its own install otherwise). ``prepare`` gets the builder
+    last, and returns the one to start from."""
     from pyspark.sql import SparkSession
 
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -38,6 +42,8 @@ def start_session(work_dir: Path, conf: dict[str, str], *, name: str = "blobsvc-
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
+    if prepare is not None:
+        builder = prepare(builder)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session

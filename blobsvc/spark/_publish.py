@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from .._digests import file_digest
 from .._exceptions import InvalidArgument
 from .._ids import new_job_id
+from .._spark_conf import URL_LIFETIME
 from .._tls import client_context_for
 from ..client import BlobClient
 from ..config import Settings
 from ._artifacts import Artifact, Kind, Source, parse_source
-from ._digests import file_digest
 from ._handle import Shipped
 from ._local import CacheOptions
 
-__all__ = ["CONF_KEYS", "HTTP_URL_KEY", "publish"]
+__all__ = ["CONF_KEYS", "HTTP_URL_KEY", "conf_settings", "publish"]
 
 log = logging.getLogger("blobsvc.spark")
 
@@ -35,9 +36,6 @@ CONF_KEYS = {
     "tls_client_key": "spark.blobsvc.tlsClientKey",
 }
 HTTP_URL_KEY = "spark.blobsvc.httpUrl"
-# Executors that join later (dynamic allocation, a lost executor replaced) fetch the jars
-# then: their signed URLs must outlive any job a pipeline runs.
-JAR_URL_LIFETIME = 7 * 24 * 3600.0
 """Spark conf keys of the blobsvc settings ``publish`` reads (the ``BLOBSVC_*`` environment
 and the defaults fill in the rest)."""
 
@@ -62,8 +60,7 @@ def publish(
     """
     context = getattr(spark, "sparkContext", spark)
     conf = context.getConf()
-    from_conf = {field: conf.get(key) for field, key in CONF_KEYS.items()}
-    settings = Settings.load({**from_conf, "server": server or from_conf["server"]})
+    settings, from_conf = conf_settings(conf.get, server=server)
     sources = [
         *(parse_source(f, Kind.FILE) for f in _each(files)),
         *(parse_source(f, Kind.PY) for f in _each(py_files)),
@@ -99,6 +96,14 @@ def publish(
     return shipped
 
 
+def conf_settings(get: Callable[[str], str | None], **given: str | None) -> tuple[Settings, dict[str, str | None]]:
+    """The settings a Spark conf holds (``get`` reads one of its keys; see :data:`CONF_KEYS`)
+    over the ``BLOBSVC_*`` environment and the defaults, with the values ``given`` (unless
+    None or empty) on top; and the conf's own values, by setting."""
+    from_conf = {field: get(key) for field, key in CONF_KEYS.items()}
+    return Settings.load({**from_conf, **{k: v for k, v in given.items() if v}}), from_conf
+
+
 def _each(paths: Paths) -> list[str | os.PathLike[str]]:
     if isinstance(paths, str | os.PathLike):
         return [paths]  # one path given where a list was meant: not its characters
@@ -107,7 +112,7 @@ def _each(paths: Paths) -> list[str | os.PathLike[str]]:
 
 def _upload(client: BlobClient, job: str, sources: list[Source], digests: Path) -> tuple[tuple[Artifact, ...], int]:
     """Every source as a blob of ``job``; on any failure the half-published job is deleted.
-    Digests of unchanged files come from ``digests`` (see :mod:`._digests`)."""
+    Digests of unchanged files come from ``digests`` (see :mod:`blobsvc._digests`)."""
     artifacts = []
     sent = 0
     try:
@@ -131,7 +136,7 @@ def _add_jars(spark: Any, context: Any, http_url: str, shipped: Shipped, secret:
     for artifact in shipped.artifacts.values():
         if artifact.kind is not Kind.JAR:
             continue
-        url = blob_url(http_url, job=shipped.job, name=artifact.name, secret=secret, expires_in=JAR_URL_LIFETIME)
+        url = blob_url(http_url, job=shipped.job, name=artifact.name, secret=secret, expires_in=URL_LIFETIME)
         if hasattr(spark, "sql"):
             spark.sql(f"ADD JAR '{url}'")
         else:
