@@ -6,7 +6,6 @@ from __future__ import annotations
 import shlex
 import tarfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -18,7 +17,7 @@ from blobsvc import Settings
 from blobsvc.cli import main
 
 from .agent_helpers import run_agent
-from .conftest import ServerThread
+from .conftest import ServerThread, with_secret
 
 AGENT = "http://127.0.0.1:6131"
 
@@ -26,9 +25,7 @@ AGENT = "http://127.0.0.1:6131"
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
     """The shared server settings with a secret."""
-    secret = tmp_path / "secret"
-    secret.write_text("s3cr3t\n")
-    return replace(settings, secret_file=secret)
+    return with_secret(settings, tmp_path)
 
 
 @pytest.fixture

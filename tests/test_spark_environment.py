@@ -15,7 +15,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -28,7 +28,7 @@ from blobsvc import BlobClient, InvalidArgument, Settings, _digests
 from blobsvc.spark import environment
 
 from .agent_helpers import AgentProcess, run_agent
-from .conftest import ServerThread
+from .conftest import ServerThread, with_secret
 from .spark_helpers import start_session
 
 PROBE = "blobsvc_envprobe"  # a package only the packed environment holds
@@ -79,9 +79,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def settings(settings: Settings, tmp_path: Path) -> Settings:
     """The shared server settings with a secret."""
-    secret = tmp_path / "secret"
-    secret.write_text("s3cr3t\n")
-    return replace(settings, secret_file=secret)
+    return with_secret(settings, tmp_path)
 
 
 @pytest.fixture
@@ -234,9 +232,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A server with a secret (no HTTP face: every byte Spark fetches goes through the agent)
     and one agent, for this host's driver and both executors."""
     root = tmp_path_factory.mktemp("spark-environment")
-    secret = root / "secret"
-    secret.write_text("s3cr3t\n")
-    server = ServerThread(Settings(host="127.0.0.1", port="0", data_dir=root / "data", secret_file=secret)).start()
+    settings = with_secret(Settings(host="127.0.0.1", port="0", data_dir=root / "data"), root)
+    secret = settings.secret_file
+    assert secret is not None
+    server = ServerThread(settings).start()
     try:
         with (
             run_agent(server.address, root / "agent-cache", "--secret-file", str(secret)) as agent,
