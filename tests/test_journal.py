@@ -125,21 +125,27 @@ def test_a_segment_is_cleared_only_after_its_file_system_is_synced(
     calls: list[str] = []
     sync, write = _journal._sync_file_system, os.pwrite
 
+    def recording_sync(fd: int) -> None:
+        sync(fd)
+        calls.append("syncfs")
+
     def recording_pwrite(fd: int, data: bytes, offset: int) -> int:
         if offset == 0 and data.startswith(b"BSJ1"):
             calls.append("reset")
         return write(fd, data, offset)
 
-    journal = started(tmp_path, segment_bytes=16 << 10)
-    monkeypatch.setattr(_journal, "_sync_file_system", lambda fd: (sync(fd), calls.append("syncfs"))[0])
+    journal = started(tmp_path)
+    monkeypatch.setattr(_journal, "_sync_file_system", recording_sync)
     monkeypatch.setattr(os, "pwrite", recording_pwrite)
-    for _ in range(12):  # about 4 records a segment: a few checkpoints
-        journal.release(journal.append([record(os.urandom(3000))]))
-    assert journal.checkpoints >= 2
+    for _ in range(3):
+        written = record(os.urandom(3000))
+        journal.release(journal.append([written]))
+        journal.settle(written.key)  # a checkpoint of the segment holding it
+    assert journal.checkpoints == 3
     journal.close()
     resets = [i for i, call in enumerate(calls) if call == "reset"]
-    assert len(resets) >= 2
-    for count, index in enumerate(resets, start=1):  # checkpoints of the two segments may overlap
+    assert len(resets) >= 3
+    for count, index in enumerate(resets, start=1):
         assert calls[:index].count("syncfs") >= count, f"reset {count} came before its syncfs: {calls}"
 
 
