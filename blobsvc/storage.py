@@ -663,9 +663,15 @@ class BlobStorage:
     def _link_job(self, key: bytes, path: Path) -> bytes | None:
         """Link the object as a job's blob at ``path``, atomically replacing an older blob of
         that name; returns the replaced blob's key."""
-        self._make_dirs(path.parent)
-        replaced = self._key_of(path)
-        _replace_link(self.layout.object(key), path)
+        try:
+            self._make_dirs(path.parent)
+            replaced = self._key_of(path)
+            _replace_link(self.layout.object(key), path)
+        except BaseException:
+            # No space or no inode left: the directories made for the name go with it, so
+            # that a refused PUT leaves nothing (the job's lock is held: no name is coming).
+            _prune_empty(path.parent, stop=self.layout.root)
+            raise
         return replaced
 
     def _settled(self, mark: Hashable, lock: Callable[[], AbstractContextManager[object]]) -> contextlib.ExitStack:
@@ -1019,10 +1025,12 @@ def _files_under(directory: Path) -> Iterator[Path]:
 
 
 def _prune_empty(directory: Path, *, stop: Path) -> None:
-    """Remove ``directory`` and its parents up to ``stop`` while they are empty."""
+    """Remove ``directory`` and its parents up to ``stop`` while they are empty (or missing)."""
     while directory != stop:
         try:
             directory.rmdir()
+        except FileNotFoundError:
+            pass
         except OSError:
             return
         directory = directory.parent
