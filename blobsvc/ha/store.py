@@ -11,14 +11,26 @@ Layout under ``<root>`` (one root per cluster id)::
     objects/<k[:2]>/<k>/data       the bytes of content key k, written once however many names share it
     objects/<k[:2]>/<k>/content    k has its content-addressed name
     objects/<k[:2]>/<k>/<job>-<h>  job <job> names k under the name whose BLAKE3 is h
-    jobs/<job>/<h>                 "<k>\\n<epoch>\\n<name>": the key job <job> has under that name,
-                                   and the epoch of the leader that wrote it
+    jobs/<job>/<h>/<epoch>-<seq>   "<k>\\n<epoch>\\n<name>": a record that job <job> names key k
+                                   under that name, written by the leader of <epoch> (both
+                                   parts of the file name 16 hex digits)
     corrupt/<k>-<time>             a copy a read found damaged, moved aside for an operator
 
 Writes go object, then ref, then name record, and deletes the other way round, so a crash
 between steps leaves an unreferenced object or ref (space, never a dangling name). An
 object goes when its last ref does. A key's bytes and refs share a directory so that one
 directory fsync makes a new object and its first ref durable together.
+
+**Name records never go back in time.** A name record is never overwritten, as Flink's
+ZooKeeperCompletedCheckpointStore never overwrites a completed checkpoint: each write of a
+name creates a new record, ordered by its file name (the writer's epoch, then a sequence
+within it), with an exclusive create (a link of a synced temporary file in a directory,
+``If-None-Match`` where fsspec offers ``mode="create"``, as S3 does). A reader takes the
+newest valid record; older ones are removed only once a newer one is durable (oldest first
+when a name is deleted, so a crash never leaves an older version as the newest). A leader
+refuses to write under a name whose newest record has a newer epoch, but that check is only
+a courtesy: a deposed leader paused between it and its write adds a record that orders
+below the newer leader's, and is never read.
 
 Durability: a local directory (a path, or a ``file://`` URL) writes a temporary file beside
 the final one, fsyncs it, renames it into place and fsyncs the directory, so a crash leaves
@@ -33,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import time
@@ -117,6 +130,10 @@ class _Files(Protocol):
 
     def write_file(self, path: str, source: Path, marker: str | None = None) -> None: ...
     def write_bytes(self, path: str, data: bytes) -> None: ...
+    def create_bytes(self, path: str, data: bytes) -> None:
+        """Write a new file at ``path``, durable before it returns; :class:`FileExistsError`
+        (and nothing written) when there is one."""
+
     def chunks(self, path: str) -> Iterator[bytes]: ...
     def size(self, path: str) -> int | None: ...
     def listdir(self, path: str) -> list[str]: ...
@@ -135,9 +152,10 @@ class _LocalFiles:
         return self.root / path
 
     @contextlib.contextmanager
-    def _replacing(self, path: str, marker: str | None = None) -> Iterator[Path]:
-        """A temporary file to fill; on success it is synced and renamed to ``path``, and an
-        empty ``marker`` is created beside it before the directory is synced.
+    def _replacing(self, path: str, marker: str | None = None, *, exclusive: bool = False) -> Iterator[Path]:
+        """A temporary file to fill; on success it is synced and renamed to ``path`` (linked
+        there if ``exclusive``: :class:`FileExistsError` if ``path`` is taken), and an empty
+        ``marker`` is created beside it before the directory is synced.
 
         The temporary files a crashed write left in that directory go first (a key's or a
         job's directory holds a few files: cheap to look). Safe to take, since the caller
@@ -155,7 +173,10 @@ class _LocalFiles:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(temp, final)
+            if exclusive:
+                os.link(temp, final)
+            else:
+                os.replace(temp, final)
             if marker is not None:
                 (final.parent / marker).touch()
         finally:
@@ -178,6 +199,10 @@ class _LocalFiles:
         make_dirs(final.parent)
         final.touch()
         fsync_dir(final.parent)
+
+    def create_bytes(self, path: str, data: bytes) -> None:
+        with self._replacing(path, exclusive=True) as temp:
+            temp.write_bytes(data)
 
     def chunks(self, path: str) -> Iterator[bytes]:
         with open(self._path(path), "rb") as f:
@@ -247,6 +272,13 @@ class _FsspecFiles:
         self.fs.pipe_file(full, data)
         self._checked(path, len(data))
 
+    def create_bytes(self, path: str, data: bytes) -> None:
+        full = self._path(path)
+        self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
+        # s3fs makes this a PUT with If-None-Match: *; fsspec's default checks, then writes.
+        self.fs.pipe_file(full, data, mode="create")
+        self._checked(path, len(data))
+
     def chunks(self, path: str) -> Iterator[bytes]:
         with self.fs.open(self._path(path), "rb") as f:
             while chunk := f.read(CHUNK):
@@ -291,6 +323,14 @@ def _name_hash(name: str) -> str:
     return str(blake3.blake3(name.encode("utf-8")).hexdigest())
 
 
+_ORDER = re.compile("[0-9a-f]{16}-[0-9a-f]{16}")
+
+
+def _order_name(order: tuple[int, int]) -> str:
+    """A record's file name: its epoch and sequence, so that names sort as records order."""
+    return f"{order[0]:016x}-{order[1]:016x}"
+
+
 class FileSystemBlobStore:
     """Content-addressed durable copies under a directory or an fsspec URL.
 
@@ -315,7 +355,8 @@ class FileSystemBlobStore:
         return f"{cls._key_dir(key)}/{_DATA}"
 
     @staticmethod
-    def _record(job: bytes, name_hash: str) -> str:
+    def _records_of(job: bytes, name_hash: str) -> str:
+        """The directory of a name's records."""
         return f"jobs/{job.hex()}/{name_hash}"
 
     @staticmethod
@@ -334,17 +375,49 @@ class FileSystemBlobStore:
                 self.files.write_bytes(f"{self._key_dir(k)}/{self._ref(target)}", b"")
         if target is None:
             return
+        records = self._records_of(target.job, _name_hash(target.name))
         with self._jobs.hold(target.job):
-            record = self._record(target.job, _name_hash(target.name))
-            replaced = self._read_record(record)
-            if replaced is not None and replaced.epoch > epoch:
+            orders = self._orders(records)
+            newest = orders[-1] if orders else (epoch, -1)
+            if newest[0] > epoch:
                 # A deposed leader finishing a slow write: the newer leader's name stands.
-                raise NotLeader(f"a newer leader (epoch {replaced.epoch}) wrote this name; not overwritten")
-            self.files.write_bytes(record, f"{k}\n{epoch}\n{target.name}".encode())
-        if replaced is not None and replaced.key != key:
-            self._unref(replaced.key, self._ref(target))
+                raise NotLeader(f"a newer leader (epoch {newest[0]}) wrote this name; not overwritten")
+            order = (epoch, newest[1] + 1 if newest[0] == epoch else 0)
+            try:
+                self.files.create_bytes(f"{records}/{_order_name(order)}", f"{k}\n{epoch}\n{target.name}".encode())
+            except FileExistsError:
+                raise NotLeader(f"another writer took this name's record {_order_name(order)}; not written") from None
+            self._drop_older(records, order, key, self._ref(target))
+
+    def _drop_older(self, records: str, order: tuple[int, int], key: bytes, ref: str) -> None:
+        """Remove a name's records ordered before ``order`` (whose record, naming ``key``, is
+        durable), oldest first, then the refs of keys no remaining record names. Job's lock
+        held."""
+        orders = self._orders(records)
+        older = [found for found in orders if found < order]
+        dropped = self._keys_named(records, older)
+        # A newer leader's records, written since this one checked, keep their keys.
+        kept = {key} | self._keys_named(records, [found for found in orders if found > order])
+        for found in older:
+            self.files.remove(f"{records}/{_order_name(found)}")
+        for stale in dropped - kept:
+            self._unref(stale, ref)
+
+    def _keys_named(self, records: str, orders: list[tuple[int, int]]) -> set[bytes]:
+        """The keys a name's records of ``orders`` name (a damaged record names none)."""
+        found = (self._read_quietly(f"{records}/{_order_name(order)}") for order in orders)
+        return {record.key for record in found if record is not None}
 
     # --- reading ----------------------------------------------------------------------------
+
+    def _orders(self, records: str) -> list[tuple[int, int]]:
+        """The orders (epoch, sequence) of the records in a name's directory, oldest first."""
+        found = []
+        for entry in self.files.listdir(records):
+            epoch, _, sequence = entry.partition("-")
+            if _ORDER.fullmatch(entry):
+                found.append((int(epoch, 16), int(sequence, 16)))
+        return sorted(found)
 
     def _read_record(self, record: str) -> _Record | None:
         """What a name record holds; None when there is no record."""
@@ -361,11 +434,32 @@ class FileSystemBlobStore:
             raise DigestMismatch(f"the HA store's name record {self.location}/{record} is damaged; not served")
         return parsed
 
+    def _read_quietly(self, record: str) -> _Record | None:
+        """A name record, or None when it is missing or damaged (it names nothing)."""
+        with contextlib.suppress(DigestMismatch):
+            return self._read_record(record)
+        return None
+
+    def _newest(self, job: bytes, name_hash: str) -> _Record | None:
+        """The name's newest valid record; None when it has none. A damaged record newer
+        than it is a write that never finished (a crash on a store without atomic writes),
+        never acknowledged; a name whose every record is damaged is refused."""
+        records = self._records_of(job, name_hash)
+        with self._jobs.hold(job):  # so that no write of ours removes what was just listed
+            orders = self._orders(records)
+            for order in reversed(orders):
+                record = self._read_quietly(f"{records}/{_order_name(order)}")
+                if record is not None:
+                    return record
+        if orders:
+            raise DigestMismatch(f"the HA store's name records under {self.location}/{records} are damaged; not served")
+        return None
+
     def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
         if isinstance(target, ContentKey):
             k = target.key.hex()
             return target.key if self.files.size(f"{self._key_dir(k)}/{_CONTENT_REF}") is not None else None
-        record = self._read_record(self._record(target.job, _name_hash(target.name)))
+        record = self._newest(target.job, _name_hash(target.name))
         return None if record is None else record.key
 
     def fetch(self, target: ContentKey | JobBlob, write: Writer) -> bytes | None:
@@ -393,8 +487,8 @@ class FileSystemBlobStore:
     def names(self, job: bytes) -> list[str]:
         found = []
         for name_hash in self.files.listdir(f"jobs/{job.hex()}"):
-            with contextlib.suppress(DigestMismatch):  # a damaged record names nothing
-                record = self._read_record(self._record(job, name_hash))
+            with contextlib.suppress(DigestMismatch):  # damaged records name nothing
+                record = self._newest(job, name_hash)
                 if record is not None:
                     found.append(record.name)
         return found
@@ -412,14 +506,14 @@ class FileSystemBlobStore:
         hashes = [_name_hash(target.name)] if isinstance(target, JobBlob) else self.files.listdir(f"jobs/{job.hex()}")
         with self._jobs.hold(job):
             for name_hash in hashes:
-                record = self._record(job, name_hash)
-                try:
-                    held = self._read_record(record)
-                except DigestMismatch:
-                    held = None  # a damaged record names nothing we could collect
-                self.files.remove(record)
-                if held is not None:
-                    self._unref(held.key, f"{job.hex()}-{name_hash}")
+                records = self._records_of(job, name_hash)
+                orders = self._orders(records)
+                held = self._keys_named(records, orders)
+                for order in orders:  # oldest first: a crash never leaves an older version newest
+                    self.files.remove(f"{records}/{_order_name(order)}")
+                self.files.remove(records)
+                for key in held:  # once no record is left to name them
+                    self._unref(key, f"{job.hex()}-{name_hash}")
             self.files.remove(f"jobs/{job.hex()}")
 
     def _unref(self, key: bytes, ref: str) -> None:
