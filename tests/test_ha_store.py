@@ -132,9 +132,10 @@ def test_a_partial_copy_is_rewritten_by_the_next_put(store: FileSystemBlobStore,
 
 def records(store: FileSystemBlobStore, name: str) -> list[str]:
     """The paths of a name's records in the store, oldest first."""
-    (name_dir,) = [entry for entry in store.files.listdir(f"jobs/{JOB.hex()}") if entry == _name_hash(name)]
+    (name_dir,) = [entry for entry in store.files.listdir(f"names/{JOB.hex()}") if entry == _name_hash(name)]
     return [
-        f"jobs/{JOB.hex()}/{name_dir}/{entry}" for entry in sorted(store.files.listdir(f"jobs/{JOB.hex()}/{name_dir}"))
+        f"names/{JOB.hex()}/{name_dir}/{entry}"
+        for entry in sorted(store.files.listdir(f"names/{JOB.hex()}/{name_dir}"))
     ]
 
 
@@ -145,6 +146,17 @@ def test_a_damaged_name_record_is_refused(store: FileSystemBlobStore, tmp_path: 
     store.files.write_bytes(record, b"not a key")
     with pytest.raises(DigestMismatch, match="record"):
         _fetch(store, JobBlob(JOB, "n"))
+
+
+def test_a_name_file_of_the_earlier_layout_is_ignored_and_does_not_block_a_put(
+    store: FileSystemBlobStore, tmp_path: Path
+) -> None:
+    """Before records were never overwritten, ``jobs/<job>/<h>`` held a name's one record."""
+    path, key = _source(tmp_path, b"x")
+    store.files.write_bytes(f"jobs/{JOB.hex()}/{_name_hash('n')}", f"{key.hex()}\n0\nn".encode())
+    assert store.names(JOB) == [] and store.key_of(JobBlob(JOB, "n")) is None
+    store.put(path, key, JobBlob(JOB, "n"))
+    assert _fetch(store, JobBlob(JOB, "n")) == (key, b"x")
 
 
 def test_a_damaged_newest_record_is_a_write_that_never_finished(store: FileSystemBlobStore, tmp_path: Path) -> None:
@@ -195,7 +207,7 @@ def test_a_crashed_name_record_write_leaves_no_debris_past_the_next_write(tmp_pa
     store = open_blob_store(tmp_path / "ha")
     path, key = _source(tmp_path, b"named")
     store.put(path, key, JobBlob(JOB, "first"))
-    debris = tmp_path / "ha" / "jobs" / JOB.hex() / _name_hash("first") / ".tmp-0123456789abcdef"
+    debris = tmp_path / "ha" / "names" / JOB.hex() / _name_hash("first") / ".tmp-0123456789abcdef"
     debris.write_bytes(f"{key.hex()}\n0\nnever acknowledged".encode())
     assert sorted(store.names(JOB)) == ["first"]
     store.put(path, key, JobBlob(JOB, "first"))
@@ -243,7 +255,7 @@ class PausedRecordWrites:
             return found
 
         def write(path: str, data: bytes) -> None:
-            if path.startswith("jobs/") and not self.paused.is_set():
+            if data and not self.paused.is_set():  # a name record (refs are empty)
                 self.paused.set()
                 assert self.resume.wait(10)
             found(path, data)

@@ -11,7 +11,7 @@ Layout under ``<root>`` (one root per cluster id)::
     objects/<k[:2]>/<k>/data       the bytes of content key k, written once however many names share it
     objects/<k[:2]>/<k>/content    k has its content-addressed name
     objects/<k[:2]>/<k>/<job>-<h>  job <job> names k under the name whose BLAKE3 is h
-    jobs/<job>/<h>/<epoch>-<seq>   "<k>\\n<epoch>\\n<name>": a record that job <job> names key k
+    names/<job>/<h>/<epoch>-<seq>  "<k>\\n<epoch>\\n<name>": a record that job <job> names key k
                                    under that name, written by the leader of <epoch> (both
                                    parts of the file name 16 hex digits)
     corrupt/<k>-<time>             a copy a read found damaged, moved aside for an operator
@@ -355,9 +355,15 @@ class FileSystemBlobStore:
         return f"{cls._key_dir(key)}/{_DATA}"
 
     @staticmethod
+    def _names_of(job: bytes) -> str:
+        """The directory of a job's names (``jobs/`` held them, one file each, before
+        records were never overwritten: ignored since)."""
+        return f"names/{job.hex()}"
+
+    @staticmethod
     def _records_of(job: bytes, name_hash: str) -> str:
         """The directory of a name's records."""
-        return f"jobs/{job.hex()}/{name_hash}"
+        return f"{FileSystemBlobStore._names_of(job)}/{name_hash}"
 
     @staticmethod
     def _ref(target: JobBlob | None) -> str:
@@ -486,7 +492,7 @@ class FileSystemBlobStore:
 
     def names(self, job: bytes) -> list[str]:
         found = []
-        for name_hash in self.files.listdir(f"jobs/{job.hex()}"):
+        for name_hash in self.files.listdir(self._names_of(job)):
             with contextlib.suppress(DigestMismatch):  # damaged records name nothing
                 record = self._newest(job, name_hash)
                 if record is not None:
@@ -503,7 +509,7 @@ class FileSystemBlobStore:
             self._unref(target.key, _CONTENT_REF)
             return
         job = target.job
-        hashes = [_name_hash(target.name)] if isinstance(target, JobBlob) else self.files.listdir(f"jobs/{job.hex()}")
+        hashes = [_name_hash(target.name)] if isinstance(target, JobBlob) else self.files.listdir(self._names_of(job))
         with self._jobs.hold(job):
             for name_hash in hashes:
                 records = self._records_of(job, name_hash)
@@ -514,7 +520,7 @@ class FileSystemBlobStore:
                 self.files.remove(records)
                 for key in held:  # once no record is left to name them
                     self._unref(key, f"{job.hex()}-{name_hash}")
-            self.files.remove(f"jobs/{job.hex()}")
+            self.files.remove(self._names_of(job))
 
     def _unref(self, key: bytes, ref: str) -> None:
         k = key.hex()
