@@ -28,6 +28,8 @@ import blake3
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobClient, BlobServer, BlobStorage, InsufficientStorage, NotFound, Settings
+from blobsvc._protocol import JobBlob
+from blobsvc.ha.coordinator import ZooKeeperHA
 from blobsvc.server import RESERVE_ON_LOOP_LIMIT
 from blobsvc.storage import Publication, StagedUpload
 
@@ -576,3 +578,34 @@ async def test_a_put_refused_for_want_of_inodes_leaves_no_job_directory(
             pytest.fail("64 PUTs into 64 inodes were all stored")
         await assert_no_staging(data_dir)
         assert sorted(path.name[len("job_") :] for path in data_dir.glob("job_*")) == sorted(jobs)
+
+
+def test_a_recovery_from_the_ha_store_the_disk_cannot_hold_is_refused_before_a_byte_is_fetched(
+    tmp_path: Path, small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server lacking a blob fetches it from the HA store into a staging file reserved at
+    the blob's size, as a PUT's is: on a disk that cannot hold it, INSUFFICIENT_STORAGE
+    before the HA copy is read, and no staging file."""
+    settings = Settings(recovery_mode="zookeeper", zookeeper="127.0.0.1:1", ha_dir=str(tmp_path / "ha"))
+    ha = ZooKeeperHA(settings)  # never started: recovery needs its store and the storage alone
+    data = os.urandom(12 * MiB)
+    (tmp_path / "blob").write_bytes(data)
+    target = JobBlob(bytes.fromhex(JOB_ID), "model.bin")
+    ha.blobs.put(tmp_path / "blob", digest(data), target)
+    read: list[str] = []
+    chunks = ha.blobs.files.chunks
+
+    def recorded(path: str) -> Iterator[bytes]:
+        read.append(path)
+        return chunks(path)
+
+    monkeypatch.setattr(ha.blobs.files, "chunks", recorded)
+    ha._storage = storage = BlobStorage(small_disk / "data")
+    storage.recover()
+    try:
+        with pytest.raises(InsufficientStorage):
+            asyncio.run(ha.recover(target))
+        assert [path for path in read if path.endswith("/data")] == []  # name records only
+        assert staging_files(storage.layout.root) == []
+    finally:
+        storage.close()

@@ -89,6 +89,9 @@ class BlobStore(Protocol):
     def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
         """The key the store holds under ``target``, without reading the bytes."""
 
+    def size_of(self, key: bytes) -> int | None:
+        """The size of the bytes of ``key``, None when the store has none."""
+
     def names(self, job: bytes) -> list[str]:
         """The names of ``job`` the store holds."""
 
@@ -111,6 +114,9 @@ class VoidBlobStore:
         return None
 
     def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
+        return None
+
+    def size_of(self, key: bytes) -> int | None:
         return None
 
     def names(self, job: bytes) -> list[str]:
@@ -467,6 +473,9 @@ class FileSystemBlobStore:
             return target.key if self.files.size(f"{self._key_dir(k)}/{_CONTENT_REF}") is not None else None
         record = self._newest(target.job, _name_hash(target.name))
         return None if record is None else record.key
+
+    def size_of(self, key: bytes) -> int | None:
+        return self.files.size(self._object(key.hex()))
 
     def fetch(self, target: ContentKey | JobBlob, write: Writer) -> bytes | None:
         key = self.key_of(target)
