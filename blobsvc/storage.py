@@ -12,7 +12,8 @@ The layout is drawn in :mod:`blobsvc._layout`. What this module promises, each p
 2. **One copy per distinct content**, however many content-addressed or job-scoped names it
    has and however many uploads race to store it.
 3. **No staging file outlives its upload**: a failed, rejected or duplicate upload removes
-   its own, and every start empties ``incoming/``.
+   its own, and every start empties ``incoming/``. Nor does a directory made for a name
+   that could not be linked (no space, no inode left).
 4. **Names are independent**: replacing or deleting one name never changes another's bytes.
 5. **Start-up repairs**: the journal is replayed; staging leftovers, stray files and every
    blob whose bytes no longer hash to its key are deleted; the rest is served.
