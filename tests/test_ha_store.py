@@ -148,15 +148,27 @@ def test_a_damaged_name_record_is_refused(store: FileSystemBlobStore, tmp_path: 
         _fetch(store, JobBlob(JOB, "n"))
 
 
-def test_a_name_file_of_the_earlier_layout_is_ignored_and_does_not_block_a_put(
+def test_a_name_record_of_the_earlier_layout_is_read_until_the_next_write_replaces_it(
     store: FileSystemBlobStore, tmp_path: Path
 ) -> None:
-    """Before records were never overwritten, ``jobs/<job>/<h>`` held a name's one record."""
-    path, key = _source(tmp_path, b"x")
-    store.files.write_bytes(f"jobs/{JOB.hex()}/{_name_hash('n')}", f"{key.hex()}\n0\nn".encode())
-    assert store.names(JOB) == [] and store.key_of(JobBlob(JOB, "n")) is None
-    store.put(path, key, JobBlob(JOB, "n"))
-    assert _fetch(store, JobBlob(JOB, "n")) == (key, b"x")
+    """A store written before records were never overwritten: ``jobs/<job>/<h>`` holds the
+    name's one record (here of epoch 5), read as the oldest record of its epoch."""
+    first, first_key = _source(tmp_path, b"written by an earlier blobsvc")
+    k, h = first_key.hex(), _name_hash("n")
+    store.files.write_file(f"objects/{k[:2]}/{k}/data", first, marker=f"{JOB.hex()}-{h}")
+    store.files.write_bytes(f"jobs/{JOB.hex()}/{h}", f"{k}\n5\nn".encode())
+    assert store.names(JOB) == ["n"]
+    assert _fetch(store, JobBlob(JOB, "n")) == (first_key, b"written by an earlier blobsvc")
+    second, second_key = _source(tmp_path, b"written now")
+    with pytest.raises(NotLeader, match="newer leader"):
+        store.put(second, second_key, JobBlob(JOB, "n"), epoch=4)
+    store.put(second, second_key, JobBlob(JOB, "n"), epoch=5)
+    assert _fetch(store, JobBlob(JOB, "n")) == (second_key, b"written now")
+    assert store.files.size(f"jobs/{JOB.hex()}/{h}") is None and store.count() == 1
+    # As a crash leaves it between a write's new record and its removal of the earlier one:
+    store.files.write_bytes(f"jobs/{JOB.hex()}/{h}", f"{k}\n5\nn".encode())
+    store.delete(WholeJob(JOB))
+    assert store.names(JOB) == [] and store.files.size(f"jobs/{JOB.hex()}/{h}") is None
 
 
 def test_a_damaged_newest_record_is_a_write_that_never_finished(store: FileSystemBlobStore, tmp_path: Path) -> None:

@@ -14,6 +14,9 @@ Layout under ``<root>`` (one root per cluster id)::
     names/<job>/<h>/<epoch>-<seq>  "<k>\\n<epoch>\\n<name>": a record that job <job> names key k
                                    under that name, written by the leader of <epoch> (both
                                    parts of the file name 16 hex digits)
+    jobs/<job>/<h>                 the same, the one record of a name in a store written by an
+                                   earlier blobsvc: read as the oldest record of its epoch,
+                                   removed by the name's next write
     corrupt/<k>-<time>             a copy a read found damaged, moved aside for an operator
 
 Writes go object, then ref, then name record, and deletes the other way round, so a crash
@@ -330,11 +333,32 @@ def _name_hash(name: str) -> str:
 
 
 _ORDER = re.compile("[0-9a-f]{16}-[0-9a-f]{16}")
+_EARLIER_LAYOUT = -1
+"""The sequence a name's record in the earlier layout orders at: before any record of its epoch."""
+
+Order = tuple[int, int]
 
 
-def _order_name(order: tuple[int, int]) -> str:
-    """A record's file name: its epoch and sequence, so that names sort as records order."""
-    return f"{order[0]:016x}-{order[1]:016x}"
+class _Name(NamedTuple):
+    """Where the records of one job name live."""
+
+    job: bytes
+    hash: str
+
+    @property
+    def records(self) -> str:
+        return f"names/{self.job.hex()}/{self.hash}"
+
+    @property
+    def earlier(self) -> str:
+        """Where the earlier layout kept the name's one record, written over by every write."""
+        return f"jobs/{self.job.hex()}/{self.hash}"
+
+    def path(self, order: Order) -> str:
+        """A record's path: its file name is its order, so that names sort as records do."""
+        if order[1] == _EARLIER_LAYOUT:
+            return self.earlier
+        return f"{self.records}/{order[0]:016x}-{order[1]:016x}"
 
 
 class FileSystemBlobStore:
@@ -361,17 +385,6 @@ class FileSystemBlobStore:
         return f"{cls._key_dir(key)}/{_DATA}"
 
     @staticmethod
-    def _names_of(job: bytes) -> str:
-        """The directory of a job's names (``jobs/`` held them, one file each, before
-        records were never overwritten: ignored since)."""
-        return f"names/{job.hex()}"
-
-    @staticmethod
-    def _records_of(job: bytes, name_hash: str) -> str:
-        """The directory of a name's records."""
-        return f"{FileSystemBlobStore._names_of(job)}/{name_hash}"
-
-    @staticmethod
     def _ref(target: JobBlob | None) -> str:
         return _CONTENT_REF if target is None else f"{target.job.hex()}-{_name_hash(target.name)}"
 
@@ -387,48 +400,52 @@ class FileSystemBlobStore:
                 self.files.write_bytes(f"{self._key_dir(k)}/{self._ref(target)}", b"")
         if target is None:
             return
-        records = self._records_of(target.job, _name_hash(target.name))
+        name = _Name(target.job, _name_hash(target.name))
         with self._jobs.hold(target.job):
-            orders = self._orders(records)
+            orders = self._orders(name)
             newest = orders[-1] if orders else (epoch, -1)
             if newest[0] > epoch:
                 # A deposed leader finishing a slow write: the newer leader's name stands.
                 raise NotLeader(f"a newer leader (epoch {newest[0]}) wrote this name; not overwritten")
             order = (epoch, newest[1] + 1 if newest[0] == epoch else 0)
             try:
-                self.files.create_bytes(f"{records}/{_order_name(order)}", f"{k}\n{epoch}\n{target.name}".encode())
+                self.files.create_bytes(name.path(order), f"{k}\n{epoch}\n{target.name}".encode())
             except FileExistsError:
-                raise NotLeader(f"another writer took this name's record {_order_name(order)}; not written") from None
-            self._drop_older(records, order, key, self._ref(target))
+                raise NotLeader(f"another writer took the name record {name.path(order)}; not written") from None
+            self._drop_older(name, order, key)
 
-    def _drop_older(self, records: str, order: tuple[int, int], key: bytes, ref: str) -> None:
+    def _drop_older(self, name: _Name, order: Order, key: bytes) -> None:
         """Remove a name's records ordered before ``order`` (whose record, naming ``key``, is
         durable), oldest first, then the refs of keys no remaining record names. Job's lock
         held."""
-        orders = self._orders(records)
+        orders = self._orders(name)
         older = [found for found in orders if found < order]
-        dropped = self._keys_named(records, older)
+        dropped = self._keys_named(name, older)
         # A newer leader's records, written since this one checked, keep their keys.
-        kept = {key} | self._keys_named(records, [found for found in orders if found > order])
+        kept = {key} | self._keys_named(name, [found for found in orders if found > order])
         for found in older:
-            self.files.remove(f"{records}/{_order_name(found)}")
+            self.files.remove(name.path(found))
         for stale in dropped - kept:
-            self._unref(stale, ref)
+            self._unref(stale, f"{name.job.hex()}-{name.hash}")
 
-    def _keys_named(self, records: str, orders: list[tuple[int, int]]) -> set[bytes]:
+    def _keys_named(self, name: _Name, orders: list[Order]) -> set[bytes]:
         """The keys a name's records of ``orders`` name (a damaged record names none)."""
-        found = (self._read_quietly(f"{records}/{_order_name(order)}") for order in orders)
+        found = (self._read_quietly(name.path(order)) for order in orders)
         return {record.key for record in found if record is not None}
 
     # --- reading ----------------------------------------------------------------------------
 
-    def _orders(self, records: str) -> list[tuple[int, int]]:
-        """The orders (epoch, sequence) of the records in a name's directory, oldest first."""
+    def _orders(self, name: _Name) -> list[Order]:
+        """The orders (epoch, sequence) of a name's records, oldest first. A record of the
+        earlier layout orders before every record of its epoch (a damaged one before all)."""
         found = []
-        for entry in self.files.listdir(records):
+        for entry in self.files.listdir(name.records):
             epoch, _, sequence = entry.partition("-")
             if _ORDER.fullmatch(entry):
                 found.append((int(epoch, 16), int(sequence, 16)))
+        if self.files.size(name.earlier) is not None:
+            earlier = self._read_quietly(name.earlier)
+            found.append((-1 if earlier is None else earlier.epoch, _EARLIER_LAYOUT))
         return sorted(found)
 
     def _read_record(self, record: str) -> _Record | None:
@@ -452,26 +469,25 @@ class FileSystemBlobStore:
             return self._read_record(record)
         return None
 
-    def _newest(self, job: bytes, name_hash: str) -> _Record | None:
+    def _newest(self, name: _Name) -> _Record | None:
         """The name's newest valid record; None when it has none. A damaged record newer
         than it is a write that never finished (a crash on a store without atomic writes),
         never acknowledged; a name whose every record is damaged is refused."""
-        records = self._records_of(job, name_hash)
-        with self._jobs.hold(job):  # so that no write of ours removes what was just listed
-            orders = self._orders(records)
+        with self._jobs.hold(name.job):  # so that no write of ours removes what was just listed
+            orders = self._orders(name)
             for order in reversed(orders):
-                record = self._read_quietly(f"{records}/{_order_name(order)}")
+                record = self._read_quietly(name.path(order))
                 if record is not None:
                     return record
         if orders:
-            raise DigestMismatch(f"the HA store's name records under {self.location}/{records} are damaged; not served")
+            raise DigestMismatch(f"the HA store's records of {self.location}/{name.records} are damaged; not served")
         return None
 
     def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
         if isinstance(target, ContentKey):
             k = target.key.hex()
             return target.key if self.files.size(f"{self._key_dir(k)}/{_CONTENT_REF}") is not None else None
-        record = self._newest(target.job, _name_hash(target.name))
+        record = self._newest(_Name(target.job, _name_hash(target.name)))
         return None if record is None else record.key
 
     def size_of(self, key: bytes) -> int | None:
@@ -501,12 +517,16 @@ class FileSystemBlobStore:
 
     def names(self, job: bytes) -> list[str]:
         found = []
-        for name_hash in self.files.listdir(self._names_of(job)):
+        for name_hash in self._name_hashes(job):
             with contextlib.suppress(DigestMismatch):  # damaged records name nothing
-                record = self._newest(job, name_hash)
+                record = self._newest(_Name(job, name_hash))
                 if record is not None:
                     found.append(record.name)
         return found
+
+    def _name_hashes(self, job: bytes) -> set[str]:
+        """The hashes of the names ``job`` has records of, in either layout."""
+        return set(self.files.listdir(f"names/{job.hex()}")) | set(self.files.listdir(f"jobs/{job.hex()}"))
 
     def count(self) -> int:
         return sum(len(self.files.listdir(f"objects/{prefix}")) for prefix in self.files.listdir("objects"))
@@ -518,18 +538,19 @@ class FileSystemBlobStore:
             self._unref(target.key, _CONTENT_REF)
             return
         job = target.job
-        hashes = [_name_hash(target.name)] if isinstance(target, JobBlob) else self.files.listdir(self._names_of(job))
+        hashes = {_name_hash(target.name)} if isinstance(target, JobBlob) else self._name_hashes(job)
         with self._jobs.hold(job):
             for name_hash in hashes:
-                records = self._records_of(job, name_hash)
-                orders = self._orders(records)
-                held = self._keys_named(records, orders)
+                name = _Name(job, name_hash)
+                orders = self._orders(name)
+                held = self._keys_named(name, orders)
                 for order in orders:  # oldest first: a crash never leaves an older version newest
-                    self.files.remove(f"{records}/{_order_name(order)}")
-                self.files.remove(records)
+                    self.files.remove(name.path(order))
+                self.files.remove(name.records)
                 for key in held:  # once no record is left to name them
                     self._unref(key, f"{job.hex()}-{name_hash}")
-            self.files.remove(self._names_of(job))
+            self.files.remove(f"names/{job.hex()}")
+            self.files.remove(f"jobs/{job.hex()}")
 
     def _unref(self, key: bytes, ref: str) -> None:
         k = key.hex()
