@@ -29,10 +29,11 @@ What holds, and where it is pinned (``tests/test_journal.py``):
    its segment's, and its bytes hash to its key. Replay stops at the first invalid record:
    a torn append was never acknowledged.
 6. **Room for blobs.** The journal never takes the space blobs need: the zeros ahead of the
-   records are at most 1/16 of what the file system has free when they are written, and a
+   records are at most 1/16 of what the file system has free when they are written, a
    segment is truncated as it is cleared if its blocks are more than that (the deletions
-   that empty a full disk checkpoint, so they give the space back). Pinned on an 8 MiB
-   tmpfs in ``tests/test_crash_safety.py``.
+   that empty a full disk checkpoint, so they give the space back), and an upload the disk
+   refuses gets the blocks no record needs before it is refused (:meth:`Journal.give_back`).
+   Pinned on small tmpfs mounts in ``tests/test_crash_safety.py``.
 
 Two segment files take turns: while one receives records, the other is checkpointed and
 cleared; a batch waits only when both are full. A clean :meth:`Journal.close` checkpoints
@@ -369,6 +370,21 @@ class Journal:
         segment.state = _Segment.CLEAN
         self.checkpoints += 1
         self._changed.notify_all()
+
+    def give_back(self) -> int:
+        """Truncate each segment to what its records need (a cleared one to its header) and
+        return the bytes so freed: for a write the disk refused (rule 6). The next append
+        grows the active segment again, by what is free then."""
+        freed = 0
+        with self._lock:
+            for segment in self._segments:
+                if segment.state not in (_Segment.CLEAN, _Segment.ACTIVE):
+                    continue  # its records wait for their checkpoint
+                needed = segment.offset if segment.state == _Segment.ACTIVE else _HEADER_BYTES
+                if segment.size > needed:
+                    os.ftruncate(segment.fd, needed)
+                    freed, segment.size = freed + segment.size - needed, needed
+        return freed
 
     def holds(self, mark: Hashable) -> bool:
         """Whether a record not yet checkpointed is of ``mark``: a content key, a job, or a

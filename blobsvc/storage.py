@@ -441,11 +441,17 @@ class BlobStorage:
     def stage(self, size: int | None = None) -> StagedUpload:
         """A new upload; one announced (``size``) to be at most :data:`MEMORY_STAGING_LIMIT`
         bytes is held in memory until it is published. A larger one gets the disk blocks of
-        its size at once: a disk that cannot hold it raises :class:`InsufficientStorage`
-        before a byte of it is received."""
+        its size at once (the journal gives back the blocks no record needs if that is what
+        it takes): a disk that cannot hold it raises :class:`InsufficientStorage` before a
+        byte of it is received."""
         if size is not None and size <= MEMORY_STAGING_LIMIT:
             return StagedUpload(self._staging_name(), in_memory=True)
-        return StagedUpload(self._staging_name(), reserve=size or 0)
+        try:
+            return StagedUpload(self._staging_name(), reserve=size or 0)
+        except InsufficientStorage:
+            if not self.journal.give_back():  # blocks the journal holds ahead of its records
+                raise
+            return StagedUpload(self._staging_name(), reserve=size or 0)
 
     def stage_body(self, body: bytearray) -> StagedUpload:
         """An upload of ``body``, received whole and at most :data:`MEMORY_STAGING_LIMIT`

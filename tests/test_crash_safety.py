@@ -556,6 +556,26 @@ async def test_after_a_full_disk_deleting_blobs_makes_room_and_refused_puts_leav
         assert await client.put(small, job=JOB_ID, name="small") == digest(small).hex()
 
 
+async def test_a_put_the_disk_refuses_first_gets_the_blocks_the_journal_holds_ahead_of_its_records(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """On a 64 MiB disk the first small PUT grows the journal by 4 MiB of zeros (1/16 of what
+    is free then). Large PUTs that fill the disk take those blocks back before one is refused."""
+    with mounted_tmpfs(tmp_path / "disk", "size=64m") as disk:
+        data_dir = disk / "data"
+        async with (
+            BlobServer(replace(settings, data_dir=data_dir)) as server,
+            AsyncBlobClient(server.address, timeout=STEP, retries=0) as client,
+        ):
+            await client.put(os.urandom(1000))
+            assert allocated(data_dir / "journal") > 3 * MiB
+            with pytest.raises(InsufficientStorage):
+                for _ in range(64):
+                    await client.put(os.urandom(MiB))
+            assert allocated(data_dir / "journal") < 64 << 10
+            await assert_no_staging(data_dir)
+
+
 @pytest.mark.parametrize("size", [1000, 100_000], ids=["journaled", "flushed"])
 async def test_a_put_refused_for_want_of_inodes_leaves_no_job_directory(
     settings: Settings, few_inodes: Path, size: int
