@@ -864,12 +864,15 @@ class AsyncBlobClient:
                         progress(count)
                     if early.done():
                         break
+            # Before the check: the digest may take a worker thread, and the server may answer
+            # (and close) meanwhile.
+            digest = await body.digest() if sent == request.length else b""
             if early.done():
                 await early  # raises the server's error
                 raise RemoteProtocolError("the server answered a PUT before its body ended")
             if sent != request.length:
                 raise LocalProtocolError(f"the source gave {sent} bytes, not the {request.length} announced")
-            await channel.send(PutTrailer(await body.digest()), timeout)
+            await channel.send(PutTrailer(digest), timeout)
             try:
                 reply = await asyncio.wait_for(asyncio.shield(early), timeout)
             except TimeoutError:
