@@ -342,29 +342,17 @@ async def test_puts_racing_deletions_of_their_job_all_land_and_none_is_an_intern
     counts = {"job": 0, "others": 0, "deletions": 0}
     deadline = time.monotonic() + RACE_SECONDS
 
-    async def put_into_job(worker: int) -> None:
+    async def put(kind: str, job: bytes | None, prefix: str) -> None:
         async with AsyncBlobClient(server.address, timeout=30, retries=0) as client:
             for n in itertools.count():
                 if time.monotonic() > deadline:
                     return
                 data = os.urandom(1000 if n % 2 else 100_000)  # journaled, then flushed
                 try:
-                    await client.put(data, job=JOB, name=f"w{worker}-{n % 3}")
-                    counts["job"] += 1
+                    await client.put(data, job=job, name=None if job is None else f"{prefix}-{n % 3}")
+                    counts[kind] += 1
                 except BlobError as exc:
-                    outcomes["job"].append(exc)
-
-    async def put_elsewhere(job: bytes | None) -> None:
-        async with AsyncBlobClient(server.address, timeout=30, retries=0) as client:
-            for n in itertools.count():
-                if time.monotonic() > deadline:
-                    return
-                data = os.urandom(1000 if n % 2 else 100_000)
-                try:
-                    await client.put(data, job=job, name=None if job is None else f"n{n % 3}")
-                    counts["others"] += 1
-                except BlobError as exc:
-                    outcomes["others"].append(exc)
+                    outcomes[kind].append(exc)
 
     async def delete_job() -> None:
         async with AsyncBlobClient(server.address, timeout=30, retries=0) as client:
@@ -384,9 +372,9 @@ async def test_puts_racing_deletions_of_their_job_all_land_and_none_is_an_intern
                     outcomes["reads"].append(exc)
 
     await asyncio.gather(
-        *(put_into_job(worker) for worker in range(6)),
-        put_elsewhere(None),
-        put_elsewhere(other),
+        *(put("job", JOB, f"w{worker}") for worker in range(6)),
+        put("others", None, ""),
+        put("others", other, "n"),
         delete_job(),
         delete_job(),
         read_job(0),
@@ -402,5 +390,7 @@ async def test_puts_racing_deletions_of_their_job_all_land_and_none_is_an_intern
     assert outcomes == {"job": [], "others": [], "reads": []}, f"{internal} INTERNAL of {counts}"
     assert not [line for line in log if "Traceback" in line or "internal error" in line], "".join(log[-40:])
     assert counts["job"] > 100 and counts["deletions"] > 100
-    report = BlobStorage(server.data_dir).recover()
+    storage = BlobStorage(server.data_dir)
+    report = storage.recover()
+    storage.close()
     assert (report.removed_orphans, report.removed_stray, report.removed_corrupt) == (0, [], [])
