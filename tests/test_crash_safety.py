@@ -605,7 +605,7 @@ def test_a_recovery_from_the_ha_store_the_disk_cannot_hold_is_refused_before_a_b
 ) -> None:
     """A server lacking a blob fetches it from the HA store into a staging file reserved at
     the blob's size, as a PUT's is: on a disk that cannot hold it, INSUFFICIENT_STORAGE
-    before the HA copy is read, and no staging file."""
+    before the HA copy is read (the store's reads are recorded), and no staging file."""
     settings = Settings(recovery_mode="zookeeper", zookeeper="127.0.0.1:1", ha_dir=str(tmp_path / "ha"))
     ha = ZooKeeperHA(settings)  # never started: recovery needs its store and the storage alone
     data = os.urandom(12 * MiB)
