@@ -50,19 +50,22 @@ ACCESS_SETTINGS = ("secret_file", "tls_ca", "tls_client_cert", "tls_client_key")
 CLIENT_SETTINGS = ("server", "timeout", "connect_timeout", "retries", *ACCESS_SETTINGS)
 
 
-def access_options(command: _F) -> _F:
+def access_options(command: _F, *, before_command: bool = False) -> _F:
     """What a client needs to be let in: the shared secret and the TLS files."""
     for name in reversed(ACCESS_SETTINGS):  # files: a missing one is a usage error
-        command = setting_option(name, type=click.Path(dir_okay=False, exists=True))(command)
+        file = click.Path(dir_okay=False, exists=True)
+        command = setting_option(name, type=file, before_command=before_command)(command)
     return command
 
 
-def client_options(command: _F) -> _F:
-    """The options every command that talks to a server shares."""
-    command = access_options(command)
+def client_options(command: _F, *, before_command: bool = False) -> _F:
+    """The options every command that talks to a server shares; the group takes them too
+    (``before_command``), so that they work before the command as after it."""
+    command = access_options(command, before_command=before_command)
     for name in reversed(CLIENT_SETTINGS[: -len(ACCESS_SETTINGS)]):
-        command = setting_option(name, *(["-s"] if name == "server" else []))(command)
-    return config_option(command)
+        decls = ["-s"] if name == "server" else []
+        command = setting_option(name, *decls, before_command=before_command)(command)
+    return command if before_command else config_option(command)
 
 
 def blob_options(
@@ -138,6 +141,7 @@ def _blob_args(key: str | None, job: str | None, name: str | None, *, whole_job:
     envvar="BLOBSVC_CONFIG",
     help=CONFIG_HELP,
 )
+@functools.partial(client_options, before_command=True)
 @click.version_option(package_name="blobsvc")
 @click.pass_context
 def main(ctx: click.Context, config: str | None) -> None:
@@ -145,6 +149,7 @@ def main(ctx: click.Context, config: str | None) -> None:
 
     Keys are 64 hex characters (the BLAKE3 digest of a blob); job ids are 32 hex
     characters. Every option can also be set as BLOBSVC_<OPTION> or in the --config file.
+    The client options work before the command as after it: blobsvc -s HOST:PORT put FILE.
     """
     ctx.obj = config
 
