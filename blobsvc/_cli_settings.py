@@ -33,12 +33,34 @@ def _checker(setting: str) -> Callable[[click.Context, click.Parameter, Any], An
     return check
 
 
-def setting_option(name: str, *decls: str, default_text: str | None = None, **kwargs: Any) -> Callable[[_F], _F]:
+# Where options given before the subcommand wait for it (``blobsvc -s HOST:PORT put f``, as
+# git and kubectl take them); ``ctx.meta`` is shared by the group's context and the command's.
+_BEFORE = "blobsvc.options_before_the_command"
+
+
+def _remembered(
+    check: Callable[[click.Context, click.Parameter, Any], Any] | None,
+) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def remember(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if check is not None:
+            check(ctx, param, value)
+        if value is not None and param.name is not None:
+            ctx.meta.setdefault(_BEFORE, {})[param.name] = value
+
+    return remember
+
+
+def setting_option(
+    name: str, *decls: str, default_text: str | None = None, before_command: bool = False, **kwargs: Any
+) -> Callable[[_F], _F]:
     """An option ``--<name>`` (and ``decls``) for a setting; unset means "not given".
-    ``default_text`` replaces the setting's default in ``--help`` where the command differs."""
+    ``default_text`` replaces the setting's default in ``--help`` where the command differs.
+    ``before_command``: an option of the group, which the command's own option overrides."""
     flag = "--" + name.replace("_", "-")
     if "type" not in kwargs:
         kwargs.update(callback=_checker(name), metavar=Settings.metavar(name))
+    if before_command:
+        kwargs.update(callback=_remembered(kwargs.get("callback")), expose_value=False)
     # Not click's show_default: the default must stay None so that "not given" can be told apart.
     default = Settings.default_text(name) if default_text is None else default_text
     help_text = f"{Settings.help(name)}  [default: {default}]"
@@ -63,8 +85,10 @@ def config_option(command: _F) -> _F:
 
 
 def load_settings(ctx: click.Context, options: dict[str, Any]) -> Settings:
-    """The settings with ``options`` from the command line on top; a bad value is a usage error."""
+    """The settings with ``options`` from the command line on top, those given before the
+    command beneath them; a bad value is a usage error."""
+    given = {**ctx.meta.get(_BEFORE, {}), **{name: value for name, value in options.items() if value is not None}}
     try:
-        return Settings.load(options, config_file=ctx.find_root().obj)
+        return Settings.load(given, config_file=ctx.find_root().obj)
     except (ValueError, OSError) as exc:
         raise click.UsageError(str(exc)) from None

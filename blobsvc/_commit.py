@@ -9,7 +9,7 @@ is flushed at once, and batches grow only as large as the load makes them.
 
 Durability does not change: no PUT is answered before its bytes and its names are on disk
 (the order is :meth:`BlobStorage.publish_batch`'s, pinned by ``tests/test_group_commit.py``),
-and an error in a flush fails every PUT of that batch.
+and an error in a flush fails the PUTs it leaves without durability, never another.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import blake3
 from ._exceptions import InvalidArgument
 from ._protocol import JOB_SIZE, KEY_SIZE
 
-__all__ = ["KeyLike", "JobLike", "digest_of", "hash_file", "key_bytes", "job_bytes", "new_job_id"]
+__all__ = ["KeyLike", "JobLike", "digest_of", "hash_file", "key_bytes", "job_bytes", "new_job_id", "shown"]
 
 KeyLike = str | bytes
 JobLike = str | bytes | uuid.UUID
@@ -37,17 +37,22 @@ def _from_hex_or_raw(value: str | bytes, size: int, what: str) -> bytes:
             return bytes.fromhex(text)
         except ValueError:
             pass
-    raise InvalidArgument(f"a {what} is {2 * size} hex characters or {size} raw bytes, not {_shown(value)}")
+    raise InvalidArgument(f"a {what} is {2 * size} hex characters or {size} raw bytes, not {shown(value)}")
 
 
-# Longer values are cut where an error message shows them: a URL path can be 16 KiB.
+# Longer values are cut where an error message shows them: a URL path can be 16 KiB, a
+# heartbeat's field 64 KiB, and an error is one line.
 SHOWN_CHARS = 80
 
 
-def _shown(value: str | bytes) -> str:
-    if len(value) <= SHOWN_CHARS:
-        return repr(value)
-    return f"{value[:SHOWN_CHARS]!r}… ({len(value)} characters)"
+def shown(value: object) -> str:
+    """``value`` as an error message shows it: its repr, cut after ``SHOWN_CHARS`` characters,
+    saying how long a cut string was."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    length = f" ({len(value)} characters)" if isinstance(value, str | bytes) else ""
+    return f"{text[:SHOWN_CHARS]}…{length}"
 
 
 def key_bytes(key: KeyLike) -> bytes:

@@ -28,13 +28,19 @@ What holds, and where it is pinned (``tests/test_journal.py``):
    acknowledged; a record is valid only if its header's checksum holds, its generation is
    its segment's, and its bytes hash to its key. Replay stops at the first invalid record:
    a torn append was never acknowledged.
+6. **Room for blobs.** The journal never takes the space blobs need: the zeros ahead of the
+   records are at most 1/16 of what the file system has free when they are written, a
+   segment is truncated as it is cleared if its blocks are more than that (the deletions
+   that empty a full disk checkpoint, so they give the space back), and an upload the disk
+   refuses gets the blocks no record needs before it is refused (:meth:`Journal.give_back`).
+   Pinned on small tmpfs mounts in ``tests/test_crash_safety.py``.
 
 Two segment files take turns: while one receives records, the other is checkpointed and
 cleared; a batch waits only when both are full. A clean :meth:`Journal.close` checkpoints
 what is left, so that the next start has nothing to replay. A segment is reused, not
-truncated (its header's generation tells its records from the last round's), and a new one
-grows by zeros ahead of its records, so that an append writes over allocated blocks and its
-``fdatasync`` writes no metadata.
+truncated unless rule 6 asks it (its header's generation tells its records from the last
+round's), and a new one grows by zeros ahead of its records, so that an append writes over
+allocated blocks and its ``fdatasync`` writes no metadata.
 
 The cost of a checkpoint is ``syncfs``: it also writes whatever else is dirty on that file
 system, so a data directory on a disk shared with heavy writers checkpoints more slowly.
@@ -55,6 +61,7 @@ from pathlib import Path
 
 import blake3
 
+from ._filewrite import pwrite_all
 from ._protocol import JOB_SIZE, KEY_SIZE, JobBlob
 
 __all__ = ["Journal", "Record", "SEGMENT_BYTES"]
@@ -69,6 +76,12 @@ _HEADER_BYTES = 4096  # a segment's header block; records follow it
 # that grows the file makes its fdatasync allocate blocks and write the inode too, and small
 # PUTs ran 15-20 % slower for it in a same-run A/B (benchmarks/RESULTS.md).
 _GROWTH = 4 << 20
+# But the zeros ahead of the records, and a cleared segment's blocks kept for its next
+# round, never take more than this share of the space the file system has free: blobs need
+# that space more than appends need the speed (on an 8 MiB disk, 4 MiB of zeros after the
+# first small PUT left room for half the blobs). A segment cleared when space is that short
+# gives its blocks back.
+_FREE_SHARE = 16
 
 _SEGMENT_HEAD = struct.Struct("<4sQI")  # magic, generation, crc32 of both
 _SEGMENT_MAGIC = b"BSJ1"
@@ -140,6 +153,12 @@ _sync_file_system = _sync_file_system_call()
 (``syncfs``; ``sync`` where libc lacks it)."""
 
 
+def _free_bytes(fd: int) -> int:
+    """Bytes an unprivileged writer may still take on the file system of ``fd``."""
+    info = os.fstatvfs(fd)
+    return info.f_bavail * info.f_frsize
+
+
 class _Segment:
     """One segment file and what the journal knows of it."""
 
@@ -175,9 +194,13 @@ class _Segment:
             yield record
 
     def reset(self, generation: int) -> None:
-        """Start the segment over, empty, at ``generation``; durable before it returns."""
+        """Start the segment over, empty, at ``generation``, giving its blocks back if they
+        are more than their share of the free space; durable before it returns."""
         head = _SEGMENT_MAGIC + struct.pack("<Q", generation)
         head += _CRC.pack(zlib.crc32(head))
+        if self.size - _HEADER_BYTES > _free_bytes(self.fd) // _FREE_SHARE:
+            os.ftruncate(self.fd, 0)
+            self.size = 0
         os.pwrite(self.fd, head.ljust(_HEADER_BYTES, b"\0") if self.size < _HEADER_BYTES else head, 0)
         self.size = max(self.size, _HEADER_BYTES)
         os.fdatasync(self.fd)
@@ -268,9 +291,11 @@ class Journal:
     def _write(self, data: bytes) -> _Segment:
         segment = self._active
         try:
-            while segment.offset + len(data) > segment.size:
-                grown = min(segment.size + _GROWTH, self._segment_bytes)
-                os.pwrite(segment.fd, bytes(grown - segment.size), segment.size)
+            end = segment.offset + len(data)
+            if end > segment.size:
+                ahead = min(_GROWTH, _free_bytes(segment.fd) // _FREE_SHARE)
+                grown = min(max(end, segment.size + ahead), self._segment_bytes)
+                pwrite_all(segment.fd, bytes(grown - segment.size), segment.size)
                 segment.size = grown
             written = os.pwrite(segment.fd, data, segment.offset)
             if written != len(data):
@@ -345,6 +370,21 @@ class Journal:
         segment.state = _Segment.CLEAN
         self.checkpoints += 1
         self._changed.notify_all()
+
+    def give_back(self) -> int:
+        """Truncate each segment to what its records need (a cleared one to its header) and
+        return the bytes so freed: for a write the disk refused (rule 6). The next append
+        grows the active segment again, by what is free then."""
+        freed = 0
+        with self._lock:
+            for segment in self._segments:
+                if segment.state not in (_Segment.CLEAN, _Segment.ACTIVE):
+                    continue  # its records wait for their checkpoint
+                needed = segment.offset if segment.state == _Segment.ACTIVE else _HEADER_BYTES
+                if segment.size > needed:
+                    os.ftruncate(segment.fd, needed)
+                    freed, segment.size = freed + segment.size - needed, needed
+        return freed
 
     def holds(self, mark: Hashable) -> bool:
         """Whether a record not yet checkpointed is of ``mark``: a content key, a job, or a

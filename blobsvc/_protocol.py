@@ -108,6 +108,8 @@ MAX_LIST_ENTRIES = 1_000_000
 # client at the HTTP face, or at any HTTP server), or an HTTP request line (curl at the
 # binary port). Neither can begin the binary preamble.
 HTTP_REPLY = b"HTTP/"
+# How much of an HTTP answer in place of the server's preamble is read to tell whose it is.
+MAX_HTTP_HEAD = 8 << 10
 _HTTP_REQUEST = re.compile(rb"[A-Z]{3,7} [/*h]")
 # A STATUS document is a few hundred bytes of counters, HA adds a few fields, and the hosts
 # reporting to the server (blobsvc.hosts) add at most ~900 bytes each, for at most 10,000
@@ -970,12 +972,16 @@ class ClientConnection(_Receiver):
         if self._buf[:1] == bytes([_STATUS_ERROR]):
             return self._read_error()  # BUSY, UNSUPPORTED_VERSION: refused at the door
         if HTTP_REPLY.startswith(self._buf[: len(HTTP_REPLY)]):
-            if len(self._buf) < len(HTTP_REPLY):
+            head_end = self._buf.find(b"\r\n\r\n")
+            if head_end < 0 and len(self._buf) < MAX_HTTP_HEAD and not self._eof:
                 return NEED_DATA
-            raise RemoteProtocolError(
-                f"{self.peer} answered HTTP: it is blobsvc's HTTP port (or another HTTP server), "
-                "not the binary protocol port"
-            )
+            head = bytes(self._buf[: head_end if head_end >= 0 else MAX_HTTP_HEAD]).lower()
+            if b"\r\nserver: blobsvc" in head:  # what blobsvc's HTTP faces answer a binary preamble
+                raise RemoteProtocolError(
+                    f"{self.peer} is a blobsvc HTTP face (a server's --http-port, or an agent), "
+                    "not the binary protocol port"
+                )
+            raise RemoteProtocolError(f"{self.peer} answered HTTP: it is an HTTP server, not the binary protocol port")
         _check_magic(self._buf, RemoteProtocolError)
         if len(self._buf) < 6:
             return NEED_DATA

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Iterator
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 import click
 
+from . import _spark_conf
 from ._cache_cli import cache
 from ._cli_settings import CONFIG_HELP, config_option, load_settings, setting_option
 from ._exceptions import BlobError, InvalidArgument
@@ -48,19 +50,22 @@ ACCESS_SETTINGS = ("secret_file", "tls_ca", "tls_client_cert", "tls_client_key")
 CLIENT_SETTINGS = ("server", "timeout", "connect_timeout", "retries", *ACCESS_SETTINGS)
 
 
-def access_options(command: _F) -> _F:
+def access_options(command: _F, *, before_command: bool = False) -> _F:
     """What a client needs to be let in: the shared secret and the TLS files."""
     for name in reversed(ACCESS_SETTINGS):  # files: a missing one is a usage error
-        command = setting_option(name, type=click.Path(dir_okay=False, exists=True))(command)
+        file = click.Path(dir_okay=False, exists=True)
+        command = setting_option(name, type=file, before_command=before_command)(command)
     return command
 
 
-def client_options(command: _F) -> _F:
-    """The options every command that talks to a server shares."""
-    command = access_options(command)
+def client_options(command: _F, *, before_command: bool = False) -> _F:
+    """The options every command that talks to a server shares; the group takes them too
+    (``before_command``), so that they work before the command as after it."""
+    command = access_options(command, before_command=before_command)
     for name in reversed(CLIENT_SETTINGS[: -len(ACCESS_SETTINGS)]):
-        command = setting_option(name, *(["-s"] if name == "server" else []))(command)
-    return config_option(command)
+        decls = ["-s"] if name == "server" else []
+        command = setting_option(name, *decls, before_command=before_command)(command)
+    return command if before_command else config_option(command)
 
 
 def blob_options(
@@ -110,17 +115,6 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def _client(settings: Settings) -> AsyncBlobClient:
-    return AsyncBlobClient(
-        settings.server,
-        secret=settings.secret(),
-        connect_timeout=settings.connect_timeout,
-        timeout=settings.timeout,
-        retries=settings.retries,
-        tls=client_context_for(settings),
-    )
-
-
 @contextlib.contextmanager
 def _progress(size: int, label: str) -> Iterator[Progress | None]:
     """A bar on stderr for transfers worth watching, when a person is watching."""
@@ -147,6 +141,7 @@ def _blob_args(key: str | None, job: str | None, name: str | None, *, whole_job:
     envvar="BLOBSVC_CONFIG",
     help=CONFIG_HELP,
 )
+@functools.partial(client_options, before_command=True)
 @click.version_option(package_name="blobsvc")
 @click.pass_context
 def main(ctx: click.Context, config: str | None) -> None:
@@ -154,6 +149,7 @@ def main(ctx: click.Context, config: str | None) -> None:
 
     Keys are 64 hex characters (the BLAKE3 digest of a blob); job ids are 32 hex
     characters. Every option can also be set as BLOBSVC_<OPTION> or in the --config file.
+    The client options work before the command as after it: blobsvc -s HOST:PORT put FILE.
     """
     ctx.obj = config
 
@@ -300,7 +296,7 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
         settings = load_settings(ctx, {name: args.pop(name) for name in CLIENT_SETTINGS})
 
         async def go() -> None:
-            async with _client(settings) as client:
+            async with AsyncBlobClient.from_settings(settings) as client:
                 await func(client, **args)
 
         _run(go())
@@ -526,6 +522,73 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
         click.echo(blob_url(http_url, key=key, job=job, name=name, secret=settings.secret(), expires_in=expires_in))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+@main.command(name="spark-conf")
+@click.option(
+    "--environment",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Packed Python environment (venv-pack or conda-pack: .tar.gz, .tgz, .tar, .zip) for the Python workers.",
+)
+@click.option(
+    "--alias",
+    default=_spark_conf.DEFAULT_ALIAS,
+    show_default=True,
+    help="Directory the environment is unpacked into, in each executor's working directory.",
+)
+@click.option(
+    "--jar",
+    "jars",
+    multiple=True,
+    type=click.Path(dir_okay=False, exists=True),
+    help="A jar for spark.jars (repeatable).",
+)
+@setting_option("agent_url", "--agent")
+@click.option(
+    "--expires-in",
+    type=click.FloatRange(min=0, min_open=True),
+    default=_spark_conf.URL_LIFETIME,
+    show_default=True,
+    help="Seconds the URLs stay valid when signed (executors that join later fetch them then).",
+)
+@client_options
+@click.pass_context
+def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, jars: tuple[str, ...], agent_url: str | None,
+               expires_in: float, **options: Any) -> None:  # fmt: skip
+    """Upload a packed Python environment and jars, and print the --conf arguments that have
+    spark-submit fetch them through each host's blobsvc agent.
+
+    Each file is stored as a content blob, its bytes sent only when the server lacks them
+    (it stays until deleted there). The arguments come on one line, shell-quoted, for eval:
+
+    \b
+        eval "spark-submit $(blobsvc spark-conf --environment env.tar.gz) app.py"
+
+    spark.archives (URL#ALIAS), spark.pyspark.python (./ALIAS/bin/python) and spark.jars.
+    The URLs name the agent (--agent or BLOBSVC_AGENT_URL), the same on every host, the
+    driver's included; they are signed when --secret-file is set. In client mode give the
+    driver a local Python too: PYSPARK_DRIVER_PYTHON=python.
+    """
+    if environment is None and not jars:
+        raise click.UsageError("give --environment, --jar or both")
+    settings = load_settings(ctx, {**options, "agent_url": agent_url})
+    with _one_line_errors():
+        archive = None if environment is None else _spark_conf.archive_path(environment)
+        alias = _spark_conf.check_alias(alias)
+        jar_paths = [_spark_conf.jar_path(jar) for jar in jars]
+        names = [path.name for path in jar_paths]
+        if len(set(names)) < len(names):
+            raise InvalidArgument("two jars have one file name: Spark's fetcher puts both in one directory")
+        agent = _spark_conf.agent_url(settings, "give --agent, or set BLOBSVC_AGENT_URL")
+        urls = {}
+        with _spark_conf.blob_client(settings) as client:
+            for path in [*jar_paths, *([archive] if archive else [])]:
+                key, _ = _spark_conf.ship(client, path, settings.cache_dir / "digests")
+                urls[path] = _spark_conf.url(agent, key, path, settings, expires_in)
+    conf = {} if archive is None else _spark_conf.environment_conf(urls[archive], alias)
+    if jar_paths:
+        conf["spark.jars"] = ",".join(urls[path] for path in jar_paths)
+    click.echo(shlex.join(word for name, value in conf.items() for word in ("--conf", f"{name}={value}")))
 
 
 @main.command()

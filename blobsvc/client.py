@@ -91,8 +91,9 @@ from ._protocol import (
     WholeJob,
 )
 from ._threads import wait_out
+from ._tls import client_context_for
 from ._writeback import fsync_dir, start_writeback
-from .config import DEFAULT_PORT, parse_address
+from .config import DEFAULT_PORT, Settings, parse_address
 from .ha.discovery import LeaderResolver, is_zk_url
 
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
@@ -472,8 +473,21 @@ class AsyncBlobClient:
         self.retries = retries
         self.backoff = backoff
         self._idle: list[_Channel] = []
+        self._open: weakref.WeakSet[_Channel] = weakref.WeakSet()  # idle or in use: what a fork closes
         self._state = _State.OPEN
         _pools.add(self)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AsyncBlobClient:
+        """A client of ``settings.server`` with its secret, TLS files, timeouts and retries."""
+        return cls(
+            settings.server,
+            secret=settings.secret(),
+            connect_timeout=settings.connect_timeout,
+            timeout=settings.timeout,
+            retries=settings.retries,
+            tls=client_context_for(settings),
+        )
 
     @property
     def server(self) -> str:
@@ -819,6 +833,7 @@ class AsyncBlobClient:
             channel.close()  # the server closed it while it sat idle (its idle timeout)
         stream = await connect(self.host, self.port, min(self.connect_timeout, timeout), self.tls)
         channel = _Channel(stream, f"{self.host}:{self.port}")
+        self._open.add(channel)
         try:
             await channel.send(Hello(), timeout)
             hello = await channel.reply(timeout)
@@ -837,6 +852,13 @@ class AsyncBlobClient:
     def _close_idle(self) -> None:
         while self._idle:
             self._idle.pop().close()
+
+    def _close_inherited(self) -> None:
+        """In a forked child: close this process's copy of every connection, idle or in use
+        by a request of the parent's (another thread's, on a loop the child does not run)."""
+        self._idle.clear()
+        for channel in list(self._open):
+            channel.close()
 
     def _release(self, channel: _Channel) -> None:
         if channel.reusable and self._state is _State.OPEN and len(self._idle) < MAX_IDLE_CONNECTIONS:
@@ -867,12 +889,15 @@ class AsyncBlobClient:
                         progress(count)
                     if early.done():
                         break
+            # Before the check: the digest may take a worker thread, and the server may answer
+            # (and close) meanwhile.
+            digest = await body.digest() if sent == request.length else b""
             if early.done():
                 await early  # raises the server's error
                 raise RemoteProtocolError("the server answered a PUT before its body ended")
             if sent != request.length:
                 raise LocalProtocolError(f"the source gave {sent} bytes, not the {request.length} announced")
-            await channel.send(PutTrailer(await body.digest()), timeout)
+            await channel.send(PutTrailer(digest), timeout)
             try:
                 reply = await asyncio.wait_for(asyncio.shield(early), timeout)
             except TimeoutError:
@@ -1144,11 +1169,13 @@ _pools: weakref.WeakSet[AsyncBlobClient] = weakref.WeakSet()
 
 
 def _drop_pools_after_fork() -> None:
-    """In a forked child, every pooled connection is the parent's too: a request on one would
-    interleave with the parent's. Closing the child's descriptors leaves the parent's
-    connections as they were (no shutdown, no TLS close_notify); the child connects afresh."""
+    """In a forked child, every connection a client had open is the parent's too: a request
+    on a pooled one would interleave with the parent's, and one the parent was using would
+    stay open (the server waiting on it) until the child exits. Closing the child's
+    descriptors leaves the parent's connections as they were (no shutdown, no TLS
+    close_notify); the child connects afresh."""
     for client in list(_pools):
-        client._close_idle()
+        client._close_inherited()
 
 
 os.register_at_fork(after_in_child=_drop_pools_after_fork)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._exceptions import BadRequest, InvalidArgument
+from ._ids import shown
 from ._protocol import MAX_HEARTBEAT_BYTES
 from .config import parse_address
 
@@ -99,7 +100,7 @@ class HostReport:
         if agent is None:
             raise BadRequest("a heartbeat needs 'agent', the host:port of the agent's HTTP face")
         if not _is_address(agent):
-            raise BadRequest(f"heartbeat field 'agent' must be host:port, not {_shown(agent)}")
+            raise BadRequest(f"heartbeat field 'agent' must be host:port, not {shown(agent)}")
         fields: dict[str, int | str | None] = {}
         for name, longest in TEXTS.items():
             text = document.get(name)
@@ -110,7 +111,7 @@ class HostReport:
             count = document.get(name)
             if count is not None and (type(count) is not int or not 0 <= count < 1 << 64):
                 raise BadRequest(
-                    f"heartbeat field {name!r} must be a whole number from 0 to 2**64-1, not {_shown(count)}"
+                    f"heartbeat field {name!r} must be a whole number from 0 to 2**64-1, not {shown(count)}"
                 )
             fields[name] = count
         jobs = document.get("jobs", [])
@@ -118,7 +119,7 @@ class HostReport:
             raise BadRequest("heartbeat field 'jobs' must be a list of job ids")
         for job in jobs:
             if not isinstance(job, str) or not _JOB_ID.fullmatch(job):
-                raise BadRequest(f"heartbeat field 'jobs' holds {_shown(job)}, which is not a job id (32 hex digits)")
+                raise BadRequest(f"heartbeat field 'jobs' holds {shown(job)}, which is not a job id (32 hex digits)")
         return cls(agent, tuple(dict.fromkeys(jobs)), fields)
 
 
@@ -147,12 +148,6 @@ def _is_address(value: Any) -> bool:
 
 def _printable(text: str, longest: int) -> bool:
     return len(text) <= longest and _TEXT.fullmatch(text) is not None
-
-
-def _shown(value: Any) -> str:
-    """A value in an error message, cut short: it is one line whatever the agent sent."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ The layout is drawn in :mod:`blobsvc._layout`. What this module promises, each p
 2. **One copy per distinct content**, however many content-addressed or job-scoped names it
    has and however many uploads race to store it.
 3. **No staging file outlives its upload**: a failed, rejected or duplicate upload removes
-   its own, and every start empties ``incoming/``.
+   its own, and every start empties ``incoming/``. Nor does a directory made for a name
+   that could not be linked (no space, no inode left).
 4. **Names are independent**: replacing or deleting one name never changes another's bytes.
 5. **Start-up repairs**: the journal is replayed; staging leftovers, stray files and every
    blob whose bytes no longer hash to its key are deleted; the rest is served.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import errno
+import functools
 import itertools
 import os
 import secrets
@@ -439,11 +441,17 @@ class BlobStorage:
     def stage(self, size: int | None = None) -> StagedUpload:
         """A new upload; one announced (``size``) to be at most :data:`MEMORY_STAGING_LIMIT`
         bytes is held in memory until it is published. A larger one gets the disk blocks of
-        its size at once: a disk that cannot hold it raises :class:`InsufficientStorage`
-        before a byte of it is received."""
+        its size at once (the journal gives back the blocks no record needs if that is what
+        it takes): a disk that cannot hold it raises :class:`InsufficientStorage` before a
+        byte of it is received."""
         if size is not None and size <= MEMORY_STAGING_LIMIT:
             return StagedUpload(self._staging_name(), in_memory=True)
-        return StagedUpload(self._staging_name(), reserve=size or 0)
+        try:
+            return StagedUpload(self._staging_name(), reserve=size or 0)
+        except InsufficientStorage:
+            if not self.journal.give_back():  # blocks the journal holds ahead of its records
+                raise
+            return StagedUpload(self._staging_name(), reserve=size or 0)
 
     def stage_body(self, body: bytearray) -> StagedUpload:
         """An upload of ``body``, received whole and at most :data:`MEMORY_STAGING_LIMIT`
@@ -478,9 +486,12 @@ class BlobStorage:
            first, then the large ones (each once the journal has no record of its name);
         4. every directory the large uploads' names live in (``objects/`` included, also
            for a blob found already stored: another batch may not have flushed it yet) is
-           fsynced once, the same way; the journaled names are durable by their records;
-        5. only then does any upload of the batch get its key; an error in 2 or 4 fails
-           every upload it covers, since none of them is known to be durable.
+           fsynced once, the same way; the journaled names are durable by their records. A
+           job's directory found gone was removed with its names by a deletion of the job
+           that came after they were linked: there is nothing left to flush;
+        5. only then does any upload of the batch get its key; an error in 2 fails every
+           upload it covers, an error flushing a directory in 4 every upload named there
+           (``objects/``: all of them), since none of those is known to be durable.
 
         Blobs replaced under a job name are collected last.
         """
@@ -507,7 +518,8 @@ class BlobStorage:
             for i in journaled + sealed:
                 batch[i].upload.discard()
             return _done([exc if result is None else result for result in results])
-        directories: dict[Path, None] = {self.layout.objects: None}  # an ordered set
+        # Each directory the large uploads' names live in, and which of them live there.
+        directories: dict[Path, list[int]] = {self.layout.objects: list(sealed)}
         replaced: list[bytes] = []
         stored = [0, 0]  # objects and bytes new to the disk
         with _open_dir(self.layout.objects) as objects, _open_dir(self.layout.cache) as cache:
@@ -519,12 +531,11 @@ class BlobStorage:
             self._link_all(batch, sealed, results, objects, cache, directories, stored, replaced)
         self._count(*stored)
         if any(results[i] is None for i in sealed):
-            try:
-                with _disk_errors:
-                    self._in_parallel(_fsync_dirs, list(directories))
-            except Exception as exc:
-                for i in sealed:
-                    results[i] = results[i] or exc
+            failed: dict[Path, Exception] = {}
+            self._in_parallel(functools.partial(self._fsync_names, failed=failed), list(directories))
+            for directory, error in failed.items():
+                for i in directories[directory]:
+                    results[i] = results[i] or error
         for i in journaled + sealed:
             results[i] = results[i] or batch[i].digest
         for key in replaced:
@@ -538,7 +549,7 @@ class BlobStorage:
         results: list[bytes | Exception | None],
         objects: int,
         cache: int,
-        directories: dict[Path, None] | None,
+        directories: dict[Path, list[int]] | None,
         stored: list[int],
         replaced: list[bytes],
     ) -> None:
@@ -547,13 +558,29 @@ class BlobStorage:
             item = batch[i]
             try:
                 with _disk_errors:
-                    old = self._link(item, objects, cache, stored, directories)
+                    old = self._link(item, i, objects, cache, stored, directories)
                 if old is not None and old != item.digest:
                     replaced.append(old)
             except Exception as exc:
                 results[i] = exc
             finally:
                 item.upload.discard()
+
+    def _fsync_names(self, directories: Sequence[Path], failed: dict[Path, Exception]) -> None:
+        """Flush the names in each of ``directories``, recording each one's error in ``failed``.
+
+        A job directory found gone was removed, with its names, after they were linked
+        (under the job's lock): a deletion of the job came after them, and nothing is left
+        to make durable."""
+        for directory in directories:
+            try:
+                with _disk_errors:
+                    fsync_dir(directory)
+            except FileNotFoundError as exc:
+                if directory in (self.layout.objects, self.layout.cache):
+                    failed[directory] = exc
+            except Exception as exc:
+                failed[directory] = exc
 
     def _in_parallel(self, work: Callable[[Sequence[_T]], object], items: Sequence[_T]) -> None:
         """``work`` on shares of ``items``, one share for each of up to :data:`FLUSH_WAYS`
@@ -579,11 +606,18 @@ class BlobStorage:
             raise error
 
     def _link(
-        self, item: Publication, objects: int, cache: int, stored: list[int], directories: dict[Path, None] | None
+        self,
+        item: Publication,
+        index: int,
+        objects: int,
+        cache: int,
+        stored: list[int],
+        directories: dict[Path, list[int]] | None,
     ) -> bytes | None:
-        """Link a durable upload into ``objects`` (unless its bytes are there already) and
-        under its name; records what was stored and, unless it is journaled (``directories``
-        None), the directories to flush; returns the key the name held before, if any."""
+        """Link the durable upload at ``index`` of the batch into ``objects`` (unless its
+        bytes are there already) and under its name; records what was stored and, unless it
+        is journaled (``directories`` None), the directory of its name to flush; returns the
+        key the name held before, if any."""
         key, target = item.digest, item.target
         name = key.hex()
         path = None if target is None else self.layout.job_blob(target.job, target.name)
@@ -591,7 +625,7 @@ class BlobStorage:
         if directories is None:  # journaled: its record holds this name's place in the order
             job_lock = _NO_LOCK if target is None else self._jobs.hold(target.job)
         else:
-            directories[self.layout.cache if path is None else path.parent] = None
+            directories.setdefault(self.layout.cache if path is None else path.parent, []).append(index)
             job_lock = _NO_LOCK if target is None else self._job_lock_settled(target)
         with job_lock, self._key_lock(key):
             try:
@@ -636,9 +670,15 @@ class BlobStorage:
     def _link_job(self, key: bytes, path: Path) -> bytes | None:
         """Link the object as a job's blob at ``path``, atomically replacing an older blob of
         that name; returns the replaced blob's key."""
-        self._make_dirs(path.parent)
-        replaced = self._key_of(path)
-        _replace_link(self.layout.object(key), path)
+        try:
+            self._make_dirs(path.parent)
+            replaced = self._key_of(path)
+            _replace_link(self.layout.object(key), path)
+        except BaseException:
+            # No space or no inode left: the directories made for the name go with it, so
+            # that a refused PUT leaves nothing (the job's lock is held: no name is coming).
+            _prune_empty(path.parent, stop=self.layout.root)
+            raise
         return replaced
 
     def _settled(self, mark: Hashable, lock: Callable[[], AbstractContextManager[object]]) -> contextlib.ExitStack:
@@ -997,10 +1037,12 @@ def _files_under(directory: Path) -> Iterator[Path]:
 
 
 def _prune_empty(directory: Path, *, stop: Path) -> None:
-    """Remove ``directory`` and its parents up to ``stop`` while they are empty."""
+    """Remove ``directory`` and its parents up to ``stop`` while they are empty (or missing)."""
     while directory != stop:
         try:
             directory.rmdir()
+        except FileNotFoundError:
+            pass
         except OSError:
             return
         directory = directory.parent

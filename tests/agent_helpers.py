@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -14,12 +13,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .conftest import ChildProcess
+
 START_WAIT = 30.0  # seconds: the agent opens (and checks) its cache before it listens
 
 
 @dataclass
-class AgentProcess:
-    process: subprocess.Popen[str]
+class AgentProcess(ChildProcess):
     url: str  # http://127.0.0.1:PORT
     cache_dir: Path
 
@@ -45,15 +45,6 @@ class AgentProcess:
             if line.startswith(name + " "):
                 return float(line.split()[1])
         raise KeyError(name)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
-
-    def terminate(self, timeout: float = 15.0) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout)
 
 
 def start_agent(server_address: str, cache_dir: Path, *args: str) -> AgentProcess:

@@ -75,6 +75,13 @@ async def client(server: BlobServer) -> AsyncIterator[AsyncBlobClient]:
         yield connected
 
 
+def with_secret(settings: Settings, directory: Path, secret: bytes = b"s3cr3t") -> Settings:
+    """``settings`` with a secret file (written under ``directory``) that the server requires."""
+    secret_file = directory / "secret"
+    secret_file.write_bytes(secret + b"\n")
+    return replace(settings, secret_file=secret_file)
+
+
 def staging_files(data_dir: Path) -> list[str]:
     """The names in a server's incoming/ directory."""
     return sorted(os.listdir(data_dir / "incoming"))
@@ -126,14 +133,10 @@ def server_thread(settings: Settings) -> Iterator[ServerThread]:
 
 
 @dataclass
-class ServerProcess:
-    process: subprocess.Popen[str]
-    port: int
-    data_dir: Path
+class ChildProcess:
+    """A ``python -m blobsvc`` process a test started, and ended only by its PID."""
 
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+    process: subprocess.Popen[str]
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -143,6 +146,16 @@ class ServerProcess:
     def terminate(self, timeout: float = 15.0) -> int:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout)
+
+
+@dataclass
+class ServerProcess(ChildProcess):
+    port: int
+    data_dir: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
 
 @pytest.fixture

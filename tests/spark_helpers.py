@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pyspark
 
 MASTER = "local-cluster[2,1,1024]"
 # Keys one module's session sets that a later module's, in the same process, must not inherit.
-UNINHERITED = ("spark.blobsvc.", "spark.plugins", "spark.connect.")
+UNINHERITED = ("spark.blobsvc.", "spark.plugins", "spark.connect.", "spark.archives", "spark.jars", "spark.pyspark.")
 
 
 def _forget_earlier_sessions() -> None:
@@ -33,9 +34,12 @@ def _forget_earlier_sessions() -> None:
             system.clearProperty(key)
 
 
-def start_session(work_dir: Path, conf: dict[str, str], *, name: str = "blobsvc-test") -> Any:
+def start_session(
+    work_dir: Path, conf: dict[str, str], *, name: str = "blobsvc-test", prepare: Callable[[Any], Any] | None = None
+) -> Any:
     """A SparkSession on two executors. ``work_dir`` receives the workers' directories and
-    logs (Spark puts them under its own install otherwise)."""
+    logs (Spark puts them under its own install otherwise). ``prepare`` gets the builder
+    last, and returns the one to start from."""
     from pyspark.sql import SparkSession
 
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -54,6 +58,8 @@ def start_session(work_dir: Path, conf: dict[str, str], *, name: str = "blobsvc-
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
+    if prepare is not None:
+        builder = prepare(builder)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session

@@ -12,16 +12,18 @@ import subprocess
 import sys
 import time
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import blake3
 import pytest
 
-from blobsvc import BlobCache, BlobClient, Settings, new_job_id
-from blobsvc._protocol import ContentKey
+from blobsvc import AsyncBlobClient, BlobCache, BlobClient, Settings, new_job_id
+from blobsvc._protocol import ContentKey, JobBlob
+from blobsvc.agent._heartbeat import Heartbeats
 from blobsvc.agent._source import CacheSource
+from blobsvc.config import package_version
 from blobsvc.http import blob_url
 
 from .agent_helpers import AgentProcess, run_agent, start_agent
@@ -301,3 +303,82 @@ def test_a_blob_evicted_between_its_fetch_and_its_open_is_fetched_again(
     monkeypatch.setattr(os, "open", open_once_evicted)
     assert asyncio.run(fetch()) == b"evicted once"
     assert not failures
+
+
+@pytest.fixture
+def beating_server(settings: Settings) -> Iterator[ServerThread]:
+    """A server that asks agents for a heartbeat every 0.2 s and calls them lost after 1 s."""
+    running_server = ServerThread(replace(settings, agent_heartbeat_interval=0.2, agent_lost_after=1.0)).start()
+    yield running_server
+    running_server.stop()
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.05)
+
+
+def test_the_agent_reports_to_the_server_and_is_lost_once_it_stops(
+    beating_server: ServerThread, tmp_path: Path
+) -> None:
+    with run_agent(beating_server.address, tmp_path / "cache") as agent:
+        wait_for(lambda: len(beating_server.server.status()["hosts"]) == 1)
+        (host,) = beating_server.server.status()["hosts"]
+        assert host["agent"] == f"{socket.gethostname()}:{agent.port}"
+        assert (host["state"], host["cache_max_bytes"], host["version"]) == ("live", 10 << 30, package_version())
+        assert agent.terminate() == 0
+    wait_for(lambda: beating_server.server.status()["hosts"][0]["state"] == "lost")
+
+
+def test_a_job_deleted_on_the_server_is_released_and_its_files_go_while_its_content_stays(
+    beating_server: ServerThread, tmp_path: Path
+) -> None:
+    data = os.urandom(1 << 20)
+    first_job, later_job = new_job_id(), new_job_id()
+    with BlobClient(beating_server.address, timeout=10) as client:
+        client.put(data, job=first_job, name="udfs.jar")
+        with run_agent(beating_server.address, tmp_path / "cache", "--cleanup-interval", "0.5") as agent:
+            assert agent.get(f"/jobs/{first_job}/udfs.jar") == (200, data)
+            job_dir = agent.cache_dir / "jobs" / first_job
+            time.sleep(1.0)  # heartbeats name the job: it is held while it exists
+            assert job_dir.exists() and agent.metric("blobsvc_agent_jobs") == 1
+
+            client.delete_job(first_job)  # the end of a publish block
+            wait_for(lambda: agent.metric("blobsvc_agent_jobs") == 0)
+            wait_for(lambda: not job_dir.exists())  # one cleanup interval later
+            key = blake3.blake3(data).hexdigest()
+            assert (agent.cache_dir / "content" / key).exists(), "content stays under the LRU rule"
+
+            client.put(data, job=later_job, name="udfs.jar")  # the next job ships the same jar
+            downloads = gets(beating_server)
+            assert agent.get(f"/jobs/{later_job}/udfs.jar") == (200, data)
+            assert gets(beating_server) == downloads, "not downloaded again"
+
+
+def test_heartbeats_to_an_unreachable_server_release_nothing_and_warn_once(
+    server_thread: ServerThread, put: BlobClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = new_job_id()
+    put.put(b"held", job=job, name="a.jar")
+
+    async def beat_three_times_into_the_void() -> list[str]:
+        cache = BlobCache(server_thread.address, tmp_path / "cache")
+        source = CacheSource(cache, server_thread.address)
+        try:
+            await source.open_blob(JobBlob(bytes.fromhex(job), "a.jar"))
+            with socket.socket() as placeholder:
+                placeholder.bind(("127.0.0.1", 0))  # nobody listens there
+                nowhere = f"127.0.0.1:{placeholder.getsockname()[1]}"
+                async with AsyncBlobClient(nowhere, retries=0, connect_timeout=1) as client:
+                    heartbeats = Heartbeats(client, source, 6131, lambda: {})
+                    for _ in range(3):
+                        await heartbeats.beat()
+            return source.jobs
+        finally:
+            source.close()
+
+    assert asyncio.run(beat_three_times_into_the_void()) == [job]
+    warnings = [r for r in caplog.records if r.name == "blobsvc.agent" and r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "heartbeat to 127.0.0.1:" in warnings[0].getMessage()

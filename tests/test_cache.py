@@ -153,6 +153,32 @@ def test_a_second_application_with_the_same_jar_downloads_nothing(
     assert gets(server_thread) == 1
 
 
+def test_a_job_name_replaced_between_stat_and_get_is_fetched_again_and_poisons_no_key(
+    open_cache: OpenCache, uploader: BlobClient, server_thread: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache asks the name's key (STAT), then downloads the name (GET). A hook on the
+    cache's STAT replaces the blob on the server between the two, since a real race cannot
+    be timed: the download brings the new blob's bytes, which must not be kept (and marked
+    verified) under the old key; the cache asks again and gets the new blob."""
+    job = new_job_id()
+    old_key = uploader.put(b"the first version", job=job, name="lib.jar")
+    cache = open_cache()
+    stat = cache._client.stat
+
+    def stat_then_replace(*args: Any, **kwargs: Any) -> Any:
+        info = stat(*args, **kwargs)
+        monkeypatch.setattr(cache._client, "stat", stat)  # once
+        uploader.put(b"the second version", job=job, name="lib.jar")
+        return info
+
+    monkeypatch.setattr(cache._client, "stat", stat_then_replace)
+    with cache.job(job) as blobs:
+        assert blobs.path("lib.jar").read_bytes() == b"the second version"
+    assert not cache.store.content(old_key).exists()
+    assert cache.check() == []
+    assert gets(server_thread) == 2
+
+
 def test_references_count_registrations_and_release_without_one_raises(
     open_cache: OpenCache, uploader: BlobClient
 ) -> None:

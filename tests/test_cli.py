@@ -153,3 +153,19 @@ def test_large_transfers_show_a_progress_bar_on_a_terminal_only(server_thread: S
     small.write_bytes(b"x" * 1000)
     code, terminal = run_on_a_terminal(["put", str(small), "-s", server_thread.address], tmp_path)
     assert code == 0 and "uploading" not in terminal
+
+
+def test_client_options_work_before_the_command_as_after_it(server_thread: ServerThread, tmp_path: Path) -> None:
+    """``blobsvc -s HOST:PORT put FILE``, as git and kubectl take options; after the command wins."""
+    source = tmp_path / "f.txt"
+    source.write_bytes(b"before the command")
+    runner = CliRunner()
+    put = runner.invoke(main, ["-s", server_thread.address, "--timeout", "5", "put", str(source)])
+    assert put.exit_code == 0, put.output
+    key = put.output.strip()
+    overridden = runner.invoke(main, ["-s", "127.0.0.1:1", "stat", key, "-s", server_thread.address])
+    assert overridden.exit_code == 0 and key in overridden.output
+    unreachable = runner.invoke(main, ["-s", "127.0.0.1:1", "--retries", "0", "stat", key])
+    assert unreachable.exit_code == 1 and "127.0.0.1:1" in unreachable.output
+    bad = runner.invoke(main, ["-s", "host:port", "stat", key])
+    assert bad.exit_code == 2 and "not a server address" in bad.output

@@ -16,6 +16,7 @@ import random
 import select
 import signal
 import socket
+import threading
 import tracemalloc
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -390,3 +391,73 @@ def test_a_forked_child_never_sends_on_its_parents_pooled_connection(
     finally:
         loop.run_until_complete(client.aclose())
         loop.close()
+
+
+class _HeldSource(io.RawIOBase):
+    """An upload that stops after its first read until :attr:`go` is set: its request is in
+    flight on its connection meanwhile."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.reading = threading.Event()
+        self.go = threading.Event()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self.reading.set()
+        assert self.go.wait(30)
+        size = min(len(buffer), len(self.data))
+        buffer[:size], self.data = self.data[:size], self.data[size:]
+        return size
+
+
+def _open_local_addresses() -> set[tuple[str, int]]:
+    """The local address of every TCP socket this process has open."""
+    found = set()
+    for entry in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{entry}").startswith("socket:"):
+                with socket.socket(fileno=os.dup(int(entry))) as sock:
+                    if sock.type == socket.SOCK_STREAM and sock.family == socket.AF_INET:
+                        found.add(sock.getsockname())
+    return found
+
+
+def test_a_forked_child_closes_the_connection_a_blocking_clients_thread_has_in_flight(
+    server_thread: ServerThread,
+) -> None:
+    """A Spark worker forked while another thread's request is on the wire: the child closes
+    its copy of that connection too (not only the idle ones), so that the connection ends
+    when the parent is done with it, not when the child exits."""
+    with BlobClient(server_thread.address, timeout=10, retries=0) as client:
+        client.put(b"pooled")
+        in_flight = client._client._idle[0].stream.sock.getsockname()  # type: ignore[union-attr]
+        source = _HeldSource(b"in flight" * 1000)
+        uploader = threading.Thread(target=client.put, args=(source,))
+        uploader.start()
+        try:
+            assert source.reading.wait(10)
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: report through the pipe, leave without pytest's teardown
+                code = 1
+                try:
+                    os.write(write_end, repr(in_flight in _open_local_addresses()).encode())
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(write_end)
+            answered, _, _ = select.select([read_end], [], [], 30)
+            report = os.read(read_end, 100).decode() if answered else "nothing (it hung)"
+            os.close(read_end)
+            if not answered:
+                os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, report
+            assert report == "False", "the child kept the parent's connection open"
+        finally:
+            source.go.set()
+            uploader.join(30)
+        assert in_flight in _open_local_addresses()  # the parent's, still in use

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
 import os
 import signal
 import socket
@@ -27,6 +28,8 @@ import blake3
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobClient, BlobServer, BlobStorage, InsufficientStorage, NotFound, Settings
+from blobsvc._protocol import JobBlob
+from blobsvc.ha.coordinator import ZooKeeperHA
 from blobsvc.server import RESERVE_ON_LOOP_LIMIT
 from blobsvc.storage import Publication, StagedUpload
 
@@ -369,23 +372,36 @@ async def test_shutdown_waits_for_a_slow_disk_before_removing_the_staging_file(
 # --- full disk --------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs mounted for this test alone (we run as root in CI)."""
-    mount_point = tmp_path / "small-disk"
+@contextlib.contextmanager
+def mounted_tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted with ``options`` for one test (we run as root in CI), else a skip."""
     mount_point.mkdir()
-    command = ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)]
+    command = ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot mount an 8 MiB tmpfs for the full-disk tests: {exc}")
+        pytest.skip(f"cannot mount a tmpfs ({options}) for the full-disk tests: {exc}")
     if done.returncode != 0:
-        pytest.skip(f"cannot mount an 8 MiB tmpfs for the full-disk tests (needs root): {done.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs ({options}) for the full-disk tests (needs root): {done.stderr.strip()}")
     try:
         yield mount_point
     finally:
         if subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30).returncode != 0:
             subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs mounted for this test alone."""
+    with mounted_tmpfs(tmp_path / "small-disk", "size=8m") as mount_point:
+        yield mount_point
+
+
+@pytest.fixture
+def few_inodes(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 64 inodes (tmpfs counts each hard link as one), mounted for this test alone."""
+    with mounted_tmpfs(tmp_path / "few-inodes", "size=8m,nr_inodes=64") as mount_point:
+        yield mount_point
 
 
 async def test_a_put_bigger_than_the_free_space_gets_insufficient_storage_and_leaves_nothing(
@@ -490,3 +506,126 @@ async def test_a_small_put_on_a_full_disk_gets_insufficient_storage_and_close(
         async with AsyncBlobClient(server.address, timeout=STEP, retries=0) as client:
             await client.put(body, job=JOB_ID, name="small")
             assert await client.get(job=JOB_ID, name="small") == body
+
+
+def allocated(directory: Path) -> int:
+    """Bytes of disk blocks the files under ``directory`` hold."""
+    return sum(os.stat(Path(parent, name)).st_blocks * 512 for parent, _, names in os.walk(directory) for name in names)
+
+
+async def test_after_a_full_disk_deleting_blobs_makes_room_and_refused_puts_leave_nothing(
+    settings: Settings, small_disk: Path
+) -> None:
+    """The journal takes no space blobs need: a few small PUTs grow it by a fraction of what
+    is free, not by megabytes of zeros. Filling the disk with small and large PUTs, each into
+    a job of its own, ends in INSUFFICIENT_STORAGE that leaves no staging file and no job
+    directory; deleting every blob then makes room for a PUT of seven eighths of the disk."""
+    data_dir = small_disk / "data"
+    async with (
+        BlobServer(replace(settings, data_dir=data_dir)) as server,
+        AsyncBlobClient(server.address, timeout=STEP, retries=0) as client,
+    ):
+        for _ in range(5):
+            await client.put(os.urandom(1000))
+        assert allocated(data_dir / "journal") < MiB, "the journal took space blobs need"
+
+        keys: list[str] = []
+        jobs: list[str] = []
+        refused = 0
+        for n in itertools.count():  # small and large, content and job blobs, until refused 8 times
+            job = os.urandom(16).hex() if n % 2 else None
+            try:
+                key = await client.put(os.urandom(30_000 if n % 4 < 2 else 200_000), job=job, name=job and "n")
+            except InsufficientStorage:
+                refused += 1
+                if refused == 8:
+                    break
+                continue
+            (keys if job is None else jobs).append(job or key)
+        assert len(keys) > 5 and len(jobs) > 5
+        await assert_no_staging(data_dir)
+        assert sorted(path.name[len("job_") :] for path in data_dir.glob("job_*")) == sorted(jobs)
+
+        for key in keys:
+            await client.delete(key)
+        for job in jobs:
+            await client.delete_job(job)
+        later = os.urandom(7 * MiB)  # seven eighths of the disk
+        assert await client.put(later) == digest(later).hex()
+        small = os.urandom(1000)
+        assert await client.put(small, job=JOB_ID, name="small") == digest(small).hex()
+
+
+async def test_a_put_the_disk_refuses_first_gets_the_blocks_the_journal_holds_ahead_of_its_records(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """On a 64 MiB disk the first small PUT grows the journal by 4 MiB of zeros (1/16 of what
+    is free then). Large PUTs that fill the disk take those blocks back before one is refused."""
+    with mounted_tmpfs(tmp_path / "disk", "size=64m") as disk:
+        data_dir = disk / "data"
+        async with (
+            BlobServer(replace(settings, data_dir=data_dir)) as server,
+            AsyncBlobClient(server.address, timeout=STEP, retries=0) as client,
+        ):
+            await client.put(os.urandom(1000))
+            assert allocated(data_dir / "journal") > 3 * MiB
+            with pytest.raises(InsufficientStorage):
+                for _ in range(64):
+                    await client.put(os.urandom(MiB))
+            assert allocated(data_dir / "journal") < 64 << 10
+            await assert_no_staging(data_dir)
+
+
+@pytest.mark.parametrize("size", [1000, 100_000], ids=["journaled", "flushed"])
+async def test_a_put_refused_for_want_of_inodes_leaves_no_job_directory(
+    settings: Settings, few_inodes: Path, size: int
+) -> None:
+    """A job's directory made for a name that then cannot be linked goes with the refusal."""
+    data_dir = few_inodes / "data"
+    async with (
+        BlobServer(replace(settings, data_dir=data_dir)) as server,
+        AsyncBlobClient(server.address, timeout=STEP, retries=0) as client,
+    ):
+        jobs: list[str] = []
+        for _ in range(64):
+            job = os.urandom(16).hex()
+            try:
+                await client.put(os.urandom(size), job=job, name="n")
+            except InsufficientStorage:
+                break
+            jobs.append(job)
+        else:
+            pytest.fail("64 PUTs into 64 inodes were all stored")
+        await assert_no_staging(data_dir)
+        assert sorted(path.name[len("job_") :] for path in data_dir.glob("job_*")) == sorted(jobs)
+
+
+def test_a_recovery_from_the_ha_store_the_disk_cannot_hold_is_refused_before_a_byte_is_fetched(
+    tmp_path: Path, small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server lacking a blob fetches it from the HA store into a staging file reserved at
+    the blob's size, as a PUT's is: on a disk that cannot hold it, INSUFFICIENT_STORAGE
+    before the HA copy is read (the store's reads are recorded), and no staging file."""
+    settings = Settings(recovery_mode="zookeeper", zookeeper="127.0.0.1:1", ha_dir=str(tmp_path / "ha"))
+    ha = ZooKeeperHA(settings)  # never started: recovery needs its store and the storage alone
+    data = os.urandom(12 * MiB)
+    (tmp_path / "blob").write_bytes(data)
+    target = JobBlob(bytes.fromhex(JOB_ID), "model.bin")
+    ha.blobs.put(tmp_path / "blob", digest(data), target)
+    read: list[str] = []
+    chunks = ha.blobs.files.chunks
+
+    def recorded(path: str) -> Iterator[bytes]:
+        read.append(path)
+        return chunks(path)
+
+    monkeypatch.setattr(ha.blobs.files, "chunks", recorded)
+    ha._storage = storage = BlobStorage(small_disk / "data")
+    storage.recover()
+    try:
+        with pytest.raises(InsufficientStorage):
+            asyncio.run(ha.recover(target))
+        assert [path for path in read if path.endswith("/data")] == []  # name records only
+        assert staging_files(storage.layout.root) == []
+    finally:
+        storage.close()

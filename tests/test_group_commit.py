@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,12 @@ from typing import Any
 import blake3
 import pytest
 
-from blobsvc import AsyncBlobClient, BlobServer, DigestMismatch, NotFound
+from blobsvc import AsyncBlobClient, BlobError, BlobServer, DigestMismatch, InternalError, NotFound
 from blobsvc._commit import GroupCommitter
 from blobsvc._protocol import ContentKey, JobBlob
 from blobsvc.storage import BlobStorage, Publication
+
+from .conftest import ServerProcess
 
 JOB = bytes(range(16))
 
@@ -181,11 +185,18 @@ def test_a_blob_found_stored_is_answered_only_after_its_directories_are_flushed(
     assert {str(storage.layout.objects), str(storage.layout.cache)} <= flushed
 
 
-def test_a_failed_directory_flush_fails_every_publication_of_the_batch(storage: BlobStorage, disk: DiskCalls) -> None:
-    disk.fail_fsync = lambda path: path == str(storage.layout.cache)
-    results = storage.publish_batch([staged(storage, os.urandom(64)) for _ in range(3)])
-    assert len(results) == 3
-    assert all(isinstance(result, OSError) and result.errno == errno.EIO for result in results)
+@pytest.mark.parametrize("failing", ["cache", "objects"])
+def test_a_failed_directory_flush_fails_the_publications_named_there_and_no_other(
+    storage: BlobStorage, disk: DiskCalls, failing: str
+) -> None:
+    """Three content blobs and a job's blob in one batch: a failed flush of ``cache/`` fails
+    the three, one of ``objects/`` (where every blob's bytes are named) all four."""
+    disk.fail_fsync = lambda path: path == str(storage.layout.root / failing)
+    results = storage.publish_batch(
+        [staged(storage, os.urandom(64), JobBlob(JOB, "n") if i == 3 else None) for i in range(4)]
+    )
+    failed = [isinstance(result, OSError) and result.errno == errno.EIO for result in results]
+    assert failed == [True, True, True, failing == "objects"]
     assert os.listdir(storage.layout.incoming) == []
 
 
@@ -307,3 +318,79 @@ def test_a_link_is_flushed_before_it_returns(storage: BlobStorage, disk: DiskCal
     returned = disk.index("mark", "returned")
     assert disk.index("replace", name) < disk.last("fsync", name.parent) < returned
     assert disk.last("fsync", storage.layout.objects) < returned
+
+
+RACE_SECONDS = 30.0
+
+
+@pytest.mark.slow
+async def test_puts_racing_deletions_of_their_job_all_land_and_none_is_an_internal_error(
+    spawn_server: Callable[..., ServerProcess],
+) -> None:
+    """docs/protocol.md, "A PUT racing a job deletion": six connections PUT into one job
+    (small blobs journaled, large ones flushed) while two delete the whole job and two GET
+    and LIST it, for half a minute; content PUTs and another job's PUTs share their batches.
+    Every PUT is acknowledged, as if each deletion came before or after it; nothing is
+    answered INTERNAL or logs a traceback; the server's directory ends consistent."""
+    server = spawn_server()
+    assert server.process.stderr is not None
+    log: list[str] = []  # read as it comes, so that a full pipe never stalls the server
+    reader = threading.Thread(target=lambda: log.extend(server.process.stderr or ()), daemon=True)
+    reader.start()
+    other = bytes(range(16, 32))
+    outcomes: dict[str, list[BaseException]] = {"job": [], "others": [], "reads": []}
+    counts = {"job": 0, "others": 0, "deletions": 0}
+    deadline = time.monotonic() + RACE_SECONDS
+
+    async def put(kind: str, job: bytes | None, prefix: str) -> None:
+        async with AsyncBlobClient(server.address, timeout=30, retries=0) as client:
+            for n in itertools.count():
+                if time.monotonic() > deadline:
+                    return
+                data = os.urandom(1000 if n % 2 else 100_000)  # journaled, then flushed
+                try:
+                    await client.put(data, job=job, name=None if job is None else f"{prefix}-{n % 3}")
+                    counts[kind] += 1
+                except BlobError as exc:
+                    outcomes[kind].append(exc)
+
+    async def delete_job() -> None:
+        async with AsyncBlobClient(server.address, timeout=30, retries=0) as client:
+            while time.monotonic() < deadline:
+                await client.delete_job(JOB)
+                counts["deletions"] += 1
+
+    async def read_job(worker: int) -> None:
+        async with AsyncBlobClient(server.address, timeout=30, retries=0) as client:
+            while time.monotonic() < deadline:
+                try:
+                    await client.list(JOB)
+                    await client.get(job=JOB, name=f"w{worker}-0")
+                except NotFound:
+                    pass
+                except BlobError as exc:
+                    outcomes["reads"].append(exc)
+
+    await asyncio.gather(
+        *(put("job", JOB, f"w{worker}") for worker in range(6)),
+        put("others", None, ""),
+        put("others", other, "n"),
+        delete_job(),
+        delete_job(),
+        read_job(0),
+        read_job(1),
+    )
+    async with AsyncBlobClient(server.address, timeout=30, retries=0) as client:
+        await client.put(b"after the race", job=JOB, name="last")
+        assert await client.get(job=JOB, name="last") == b"after the race"
+    assert server.terminate() == 0
+    reader.join(10)
+    internal = sum(isinstance(exc, InternalError) for errors in outcomes.values() for exc in errors)
+    print(f"{counts}, {internal} INTERNAL")
+    assert outcomes == {"job": [], "others": [], "reads": []}, f"{internal} INTERNAL of {counts}"
+    assert not [line for line in log if "Traceback" in line or "internal error" in line], "".join(log[-40:])
+    assert counts["job"] > 100 and counts["deletions"] > 100
+    storage = BlobStorage(server.data_dir)
+    report = storage.recover()
+    storage.close()
+    assert (report.removed_orphans, report.removed_stray, report.removed_corrupt) == (0, [], [])

@@ -9,8 +9,10 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
@@ -18,6 +20,7 @@ import pytest
 from blobsvc import BlobStorage, DigestMismatch, NotLeader
 from blobsvc._protocol import ContentKey, JobBlob, WholeJob
 from blobsvc.ha import FileSystemBlobStore, open_blob_store
+from blobsvc.ha.store import _name_hash
 
 
 @pytest.fixture(params=["directory", "file-url", "memory-url"])
@@ -127,13 +130,79 @@ def test_a_partial_copy_is_rewritten_by_the_next_put(store: FileSystemBlobStore,
     assert _fetch(store, ContentKey(key)) == (key, data)
 
 
+def records(store: FileSystemBlobStore, name: str) -> list[str]:
+    """The paths of a name's records in the store, oldest first."""
+    (name_dir,) = [entry for entry in store.files.listdir(f"names/{JOB.hex()}") if entry == _name_hash(name)]
+    return [
+        f"names/{JOB.hex()}/{name_dir}/{entry}"
+        for entry in sorted(store.files.listdir(f"names/{JOB.hex()}/{name_dir}"))
+    ]
+
+
 def test_a_damaged_name_record_is_refused(store: FileSystemBlobStore, tmp_path: Path) -> None:
     path, key = _source(tmp_path, b"x")
     store.put(path, key, JobBlob(JOB, "n"))
-    (record,) = store.files.listdir(f"jobs/{JOB.hex()}")
-    store.files.write_bytes(f"jobs/{JOB.hex()}/{record}", b"not a key")
+    (record,) = records(store, "n")
+    store.files.write_bytes(record, b"not a key")
     with pytest.raises(DigestMismatch, match="record"):
         _fetch(store, JobBlob(JOB, "n"))
+
+
+def test_a_name_record_of_the_earlier_layout_is_read_until_the_next_write_replaces_it(
+    store: FileSystemBlobStore, tmp_path: Path
+) -> None:
+    """A store written before records were never overwritten: ``jobs/<job>/<h>`` holds the
+    name's one record (here of epoch 5), read as the oldest record of its epoch."""
+    first, first_key = _source(tmp_path, b"written by an earlier blobsvc")
+    k, h = first_key.hex(), _name_hash("n")
+    store.files.write_file(f"objects/{k[:2]}/{k}/data", first, marker=f"{JOB.hex()}-{h}")
+    store.files.write_bytes(f"jobs/{JOB.hex()}/{h}", f"{k}\n5\nn".encode())
+    assert store.names(JOB) == ["n"]
+    assert _fetch(store, JobBlob(JOB, "n")) == (first_key, b"written by an earlier blobsvc")
+    second, second_key = _source(tmp_path, b"written now")
+    with pytest.raises(NotLeader, match="newer leader"):
+        store.put(second, second_key, JobBlob(JOB, "n"), epoch=4)
+    store.put(second, second_key, JobBlob(JOB, "n"), epoch=5)
+    assert _fetch(store, JobBlob(JOB, "n")) == (second_key, b"written now")
+    assert store.files.size(f"jobs/{JOB.hex()}/{h}") is None and store.count() == 1
+    # As a crash leaves it between a write's new record and its removal of the earlier one:
+    store.files.write_bytes(f"jobs/{JOB.hex()}/{h}", f"{k}\n5\nn".encode())
+    store.delete(WholeJob(JOB))
+    assert store.names(JOB) == [] and store.files.size(f"jobs/{JOB.hex()}/{h}") is None
+
+
+def test_a_damaged_newest_record_is_a_write_that_never_finished(store: FileSystemBlobStore, tmp_path: Path) -> None:
+    """On a store without atomic writes a crash can leave a record cut short; it was never
+    acknowledged, and older ones are removed only once a newer one is whole."""
+    path, key = _source(tmp_path, b"acknowledged")
+    store.put(path, key, JobBlob(JOB, "n"), epoch=3)
+    (record,) = records(store, "n")
+    store.files.write_bytes(record.replace("-0000000000000000", "-0000000000000001"), key.hex()[:20].encode())
+    assert _fetch(store, JobBlob(JOB, "n")) == (key, b"acknowledged")
+    assert store.names(JOB) == ["n"]
+
+
+def test_a_name_keeps_its_record_until_a_newer_one_is_durable(
+    store: FileSystemBlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write of a record that fails (a fault hook: a real store cannot be made to fail
+    one write on demand) leaves the name as it was; one that succeeds leaves it alone."""
+    first, first_key = _source(tmp_path, b"first")
+    second, second_key = _source(tmp_path, b"second")
+    store.put(first, first_key, JobBlob(JOB, "n"), epoch=1)
+
+    def failing(path: str, data: bytes) -> None:
+        raise OSError(f"injected failure writing {path}")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store.files, "create_bytes", failing)
+        with pytest.raises(OSError, match="injected"):
+            store.put(second, second_key, JobBlob(JOB, "n"), epoch=1)
+    assert _fetch(store, JobBlob(JOB, "n")) == (first_key, b"first")
+    store.put(second, second_key, JobBlob(JOB, "n"), epoch=2)
+    assert len(records(store, "n")) == 1
+    assert _fetch(store, JobBlob(JOB, "n")) == (second_key, b"second")
+    assert store.count() == 1  # the first bytes went with their last record
 
 
 def test_a_local_directory_store_leaves_no_temporary_files(tmp_path: Path) -> None:
@@ -146,16 +215,16 @@ def test_a_local_directory_store_leaves_no_temporary_files(tmp_path: Path) -> No
 
 def test_a_crashed_name_record_write_leaves_no_debris_past_the_next_write(tmp_path: Path) -> None:
     """A server killed while writing a job's name record leaves its temporary file behind
-    (written here as that crash leaves it); the next record written for the job removes it."""
+    (written here as that crash leaves it); the next record written for the name removes it."""
     store = open_blob_store(tmp_path / "ha")
     path, key = _source(tmp_path, b"named")
     store.put(path, key, JobBlob(JOB, "first"))
-    debris = tmp_path / "ha" / "jobs" / JOB.hex() / ".tmp-0123456789abcdef"
+    debris = tmp_path / "ha" / "names" / JOB.hex() / _name_hash("first") / ".tmp-0123456789abcdef"
     debris.write_bytes(f"{key.hex()}\n0\nnever acknowledged".encode())
     assert sorted(store.names(JOB)) == ["first"]
-    store.put(path, key, JobBlob(JOB, "second"))
+    store.put(path, key, JobBlob(JOB, "first"))
     assert not debris.exists()
-    assert sorted(store.names(JOB)) == ["first", "second"]
+    assert sorted(store.names(JOB)) == ["first"]
 
 
 def test_fetching_into_local_storage_publishes_a_verified_blob(tmp_path: Path) -> None:
@@ -180,6 +249,93 @@ def test_a_name_written_by_a_newer_leader_is_not_overwritten_by_an_older_one(
     store.put(new, new_key, JobBlob(JOB, "model"), epoch=5)
     with pytest.raises(NotLeader, match="newer leader"):
         store.put(old, old_key, JobBlob(JOB, "model"), epoch=4)
+    assert _fetch(store, JobBlob(JOB, "model")) == (new_key, b"from the new leader")
+
+
+class PausedRecordWrites:
+    """A leader's files whose first write of a name record waits until :attr:`resume` is
+    set: a fault hook, since no real store can hold a leader between two of its steps."""
+
+    def __init__(self, files: Any) -> None:
+        self.files = files
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+
+    def __getattr__(self, attribute: str) -> Any:
+        found = getattr(self.files, attribute)
+        if attribute not in ("write_bytes", "create_bytes"):
+            return found
+
+        def write(path: str, data: bytes) -> None:
+            if data and not self.paused.is_set():  # a name record (refs are empty)
+                self.paused.set()
+                assert self.resume.wait(10)
+            found(path, data)
+
+        return write
+
+
+def write_past_a_paused_leader(store: FileSystemBlobStore, tmp_path: Path) -> tuple[bytes, bytes]:
+    """The old leader (epoch 1) checks the name's newest record and is paused before it
+    writes its own; meanwhile the new leader (epoch 2) writes the name. Returns the keys the
+    old and the new leader wrote."""
+    deposed = open_blob_store(store.location)
+    hook = PausedRecordWrites(deposed.files)
+    deposed.files = hook
+    old, old_key = _source(tmp_path, b"from the deposed leader")
+    new, new_key = _source(tmp_path, b"from the new leader")
+    outcome: list[BaseException | None] = []
+
+    def write_late() -> None:
+        try:
+            deposed.put(old, old_key, JobBlob(JOB, "model"), epoch=1)
+            outcome.append(None)
+        except NotLeader as exc:
+            outcome.append(exc)
+
+    writer = threading.Thread(target=write_late)
+    writer.start()
+    assert hook.paused.wait(10)
+    store.put(new, new_key, JobBlob(JOB, "model"), epoch=2)
+    hook.resume.set()
+    writer.join(10)
+    assert len(outcome) == 1  # written below the newer record, or refused: either way not read
+    return old_key, new_key
+
+
+def test_a_deposed_leader_paused_between_its_check_and_its_write_never_takes_a_name_back_in_time(
+    store: FileSystemBlobStore, tmp_path: Path
+) -> None:
+    """Whatever the paused leader's write does, a server recovering from the store reads the
+    new leader's bytes, and the new leader's next write of the name collects the old one's."""
+    _, new_key = write_past_a_paused_leader(store, tmp_path)
+    recovering = open_blob_store(store.location)
+    assert _fetch(recovering, JobBlob(JOB, "model")) == (new_key, b"from the new leader")
+    assert recovering.names(JOB) == ["model"]
+    newest, newest_key = _source(tmp_path, b"the new leader's next version")
+    store.put(newest, newest_key, JobBlob(JOB, "model"), epoch=2)
+    assert len(records(store, "model")) == 1 and store.count() == 1
+
+
+def test_a_deletion_cut_short_never_leaves_an_older_record_newest(
+    store: FileSystemBlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deletion removes a name's records oldest first: cut short after its first removal
+    (a fault hook stands for the crash), the name still reads as the newest record says."""
+    _, new_key = write_past_a_paused_leader(store, tmp_path)
+    assert len(records(store, "model")) == 2
+    remove = store.files.remove
+
+    def remove_once(path: str) -> None:
+        monkeypatch.setattr(store.files, "remove", failing_remove)
+        remove(path)
+
+    def failing_remove(path: str) -> None:
+        raise OSError(f"injected crash before removing {path}")
+
+    monkeypatch.setattr(store.files, "remove", remove_once)
+    with pytest.raises(OSError, match="injected"):
+        store.delete(JobBlob(JOB, "model"))
     assert _fetch(store, JobBlob(JOB, "model")) == (new_key, b"from the new leader")
 
 

@@ -6,6 +6,7 @@ client opens the same session id and password, then closes it)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import secrets
@@ -31,6 +32,7 @@ from blobsvc.ha import discovery
 from blobsvc.ha.discovery import ZkPaths
 
 from .conftest import ServerThread
+from .test_cache_faults import FaultyProxy
 from .zk import HaServer, ZooKeeper, wait_for_leader
 
 pytestmark = pytest.mark.timeout(180)
@@ -157,7 +159,8 @@ def blake3_hex(data: bytes) -> str:
     return str(blake3.blake3(data).hexdigest())
 
 
-def _in_process(zookeeper: ZooKeeper, tmp_path: Path, cluster_id: str) -> ServerThread:
+def _in_process(zookeeper: ZooKeeper, tmp_path: Path, cluster_id: str, *, through: str | None = None) -> ServerThread:
+    """A leader in this process; ``through`` a proxy's address in front of ZooKeeper."""
     settings = Settings(
         host="127.0.0.1",
         port="0",
@@ -165,7 +168,7 @@ def _in_process(zookeeper: ZooKeeper, tmp_path: Path, cluster_id: str) -> Server
         io_timeout=5.0,
         shutdown_timeout=2.0,
         recovery_mode="zookeeper",
-        zookeeper=zookeeper.hosts,
+        zookeeper=through or zookeeper.hosts,
         cluster_id=cluster_id,
         ha_dir=str(tmp_path / "ha"),
         zookeeper_session_timeout=1.0,
@@ -251,6 +254,75 @@ def test_a_leader_that_misses_a_newer_epoch_never_acknowledges(zookeeper: ZooKee
     finally:
         zk.stop()
         zk.close()
+        leader.stop()
+
+
+def test_a_leader_cut_off_from_zookeeper_is_suspended_and_accepts_no_put(zookeeper: ZooKeeper, tmp_path: Path) -> None:
+    """ha/leader.py, SUSPENDED: a leader whose connection to ZooKeeper drops (a real proxy
+    in front of ZooKeeper stops relaying and accepting) says "suspended", not "leader", and
+    refuses a PUT at once, rather than accept it and fail its fencing later."""
+    loop = asyncio.new_event_loop()
+    relay = threading.Thread(target=loop.run_forever, daemon=True)
+    relay.start()
+    host, port = zookeeper.hosts.rsplit(":", 1)
+    proxy = FaultyProxy((host, int(port)))
+    asyncio.run_coroutine_threadsafe(proxy.start(), loop).result(10)
+    leader = _in_process(zookeeper, tmp_path, "suspended", through=proxy.address)
+    try:
+        with _client(leader.address, retries=0) as direct:
+            direct.put(b"while connected")
+            asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result(10)
+            _wait(lambda: leader.server.ha.status()["role"] != "leader", "the leader notices", timeout=10)
+            assert leader.server.ha.status()["role"] == "suspended"
+            started = time.monotonic()
+            with pytest.raises(NotLeader, match="suspended"):
+                direct.put(b"while cut off")
+            assert time.monotonic() - started < 2
+    finally:
+        leader.stop()
+        loop.call_soon_threadsafe(loop.stop)
+        relay.join(10)
+        loop.close()
+
+
+def test_a_put_is_not_answered_before_its_ha_copy_is_durable(
+    zookeeper: ZooKeeper, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The HA store's write is held (a fault hook: no real store can be paused on demand)
+    while the PUT waits: however long it is held, the PUT has no answer; once the write is
+    done, the PUT is answered."""
+    leader = _in_process(zookeeper, tmp_path, "copy-first")
+    store = leader.server.ha.blobs  # type: ignore[union-attr]
+    entered, release = threading.Event(), threading.Event()
+    put = store.put
+
+    def held_put(*args: Any, **kwargs: Any) -> None:
+        entered.set()
+        assert release.wait(30)
+        put(*args, **kwargs)
+
+    monkeypatch.setattr(store, "put", held_put)
+    answers: list[str | BaseException] = []
+
+    def upload() -> None:
+        with _client(leader.address, retries=0) as direct:
+            try:
+                answers.append(direct.put(b"durable in the HA store first"))
+            except BaseException as exc:
+                answers.append(exc)
+
+    uploader = threading.Thread(target=upload)
+    try:
+        uploader.start()
+        assert entered.wait(10), "the PUT never reached the HA store"
+        time.sleep(0.5)  # the time an answer sent without waiting would take to arrive, many times over
+        assert answers == [], "the PUT was answered before its HA copy was written"
+        release.set()
+        uploader.join(20)
+        assert answers == [blake3_hex(b"durable in the HA store first")]
+    finally:
+        release.set()
+        uploader.join(20)
         leader.stop()
 
 

@@ -9,7 +9,6 @@ import re
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,30 +27,9 @@ LOST_AFTER = 0.5
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
+def settings(settings: Settings) -> Settings:
     """Agents lost after half a second without a heartbeat, so that tests can wait for it."""
-    return Settings(
-        host="127.0.0.1",
-        port="0",
-        data_dir=tmp_path / "data",
-        idle_timeout=5.0,
-        io_timeout=2.0,
-        shutdown_timeout=2.0,
-        agent_heartbeat_interval=0.1,
-        agent_lost_after=LOST_AFTER,
-    )
-
-
-@pytest.fixture
-async def server(settings: Settings) -> AsyncIterator[BlobServer]:
-    async with BlobServer(settings) as running:
-        yield running
-
-
-@pytest.fixture
-async def client(server: BlobServer) -> AsyncIterator[AsyncBlobClient]:
-    async with AsyncBlobClient(server.address, timeout=5.0, retries=2, backoff=0.01) as connected:
-        yield connected
+    return replace(settings, agent_heartbeat_interval=0.1, agent_lost_after=LOST_AFTER)
 
 
 def report(agent: str = "exec-1.example.org:7070", **fields: Any) -> dict[str, Any]:

@@ -316,8 +316,7 @@ def test_an_http_client_at_the_binary_port_gets_a_400_naming_it(face: Http) -> N
 def test_a_binary_client_at_the_http_port_is_told_so_in_one_line(face: Http) -> None:
     """The HTTP face answers a binary preamble at once; the client recognises HTTP, does not retry."""
     wrong = f"127.0.0.1:{face.port}"
-    expected = f"{wrong} answered HTTP: it is blobsvc's HTTP port (or another HTTP server), not the binary protocol"
-    expected += " port"
+    expected = f"{wrong} is a blobsvc HTTP face (a server's --http-port, or an agent), not the binary protocol port"
     with BlobClient(wrong, timeout=60, retries=3) as client, pytest.raises(RemoteProtocolError) as raised:
         client.stat("0" * 64)
     assert str(raised.value) == expected

@@ -482,16 +482,31 @@ def test_connection_state_after_an_error_follows_the_table(code: int, stays_open
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_an_http_reply_in_place_of_the_server_hello_names_the_wrong_port(mode: str) -> None:
+@pytest.mark.parametrize(
+    ("server", "message"),
+    [
+        (b"blobsvc", "is a blobsvc HTTP face (a server's --http-port, or an agent), not the binary protocol port"),
+        (b"nginx", "answered HTTP: it is an HTTP server, not the binary protocol port"),
+    ],
+)
+def test_an_http_reply_in_place_of_the_server_hello_names_the_wrong_port(
+    mode: str, server: bytes, message: str
+) -> None:
     client = ClientConnection("blobs.example:6180")
     client.send(Hello())
     with pytest.raises(RemoteProtocolError) as raised:
-        feed(client, b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", mode)
-    assert str(raised.value) == (
-        "blobs.example:6180 answered HTTP: it is blobsvc's HTTP port (or another HTTP server), "
-        "not the binary protocol port"
-    )
+        feed(client, b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nServer: " + server + b"\r\n\r\n", mode)
+    assert str(raised.value) == f"blobs.example:6180 {message}"
     assert client.closed
+
+
+def test_an_http_reply_cut_short_still_names_the_wrong_port() -> None:
+    client = ClientConnection("blobs.example:6180")
+    client.send(Hello())
+    client.receive_data(b"HTTP/1.1 400 Bad")
+    client.receive_data(b"")
+    with pytest.raises(RemoteProtocolError, match="answered HTTP: it is an HTTP server"):
+        client.next_event()
 
 
 @pytest.mark.parametrize(("first", "http"), [(b"GET /blobs/ab HTTP/1.1\r\n", True), (b"HELO", False)])

@@ -9,8 +9,8 @@ from pathlib import Path
 import blake3
 import pytest
 
-from blobsvc.spark import _digests
-from blobsvc.spark._digests import file_digest
+from blobsvc import _digests
+from blobsvc._digests import file_digest
 
 
 def aged(path: Path, data: bytes) -> Path:

@@ -16,14 +16,18 @@ copy; and ``/metrics``. Its rules:
 * **One download per blob per host.** Requests for one blob share one fetch in the agent, and
   the cache's key locks make it one across every process that opens the cache directory.
 * **A job's files stay while the job exists on the server.** A ``/jobs/...`` request makes the
-  agent hold a reference on the job; it is dropped when the server says the job is gone, and
-  the files go one ``cleanup_interval`` later unless another job or process still uses them.
+  agent hold a reference on the job; it is dropped when the server's answer to a heartbeat
+  says the job is gone, and the files go one ``cleanup_interval`` later unless another
+  process still holds the job; shared content stays under the cache's LRU rule.
+* **The server knows which hosts hold what.** Heartbeats report the agent's host, version,
+  cache bytes and limit, counts and jobs; ``blobsvc status --hosts`` lists them.
 * **A request it cannot satisfy gets a clear status:** 404 for what the server does not have,
   502 naming the server when it cannot be reached or fails, 507 when the cache cannot hold the
   blob, 400 and 403 as on the server.
 
 Modules: ``_source`` (blobs out of the cache for the face: one flight per blob, job references,
-failures as statuses) and ``_agent`` (:class:`Agent`: listener, connections, metrics, shutdown).
+failures as statuses), ``_heartbeat`` (reports to the server, releases of gone jobs) and
+``_agent`` (:class:`Agent`: listener, connections, metrics, shutdown).
 """
 
 from ._agent import Agent

@@ -15,9 +15,11 @@ from .._protocol import ContentKey, JobBlob
 from .._slots import Slots
 from .._tls import client_context_for
 from ..cache import BlobCache
+from ..client import AsyncBlobClient
 from ..config import Settings, package_version, parse_port_range
 from ..http import HttpConnection, HttpFace, HttpRequest, HttpResponse, text_response
 from ..storage import OpenBlob
+from ._heartbeat import Heartbeats
 from ._source import CacheSource
 
 __all__ = ["Agent"]
@@ -46,6 +48,9 @@ class Agent:
         self.http.routes["metrics"] = self._metrics
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
+        self._client: AsyncBlobClient | None = None  # heartbeats' (the cache has a blocking one)
+        self.heartbeats: Heartbeats | None = None
+        self._beating: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -79,6 +84,9 @@ class Agent:
             await asyncio.to_thread(self.source.close)
             raise
         self._accepting = asyncio.create_task(self.slots.accept(self._listener, self._connection))
+        self._client = AsyncBlobClient.from_settings(settings)
+        self.heartbeats = Heartbeats(self._client, self.source, self.address[1], self.counts)
+        self._beating = asyncio.create_task(self.heartbeats.run())
 
     def _connection(self, sock: socket.socket) -> HttpConnection:
         return HttpConnection(self, SocketStream(sock))
@@ -96,10 +104,13 @@ class Agent:
         """Stop accepting, let transfers under way finish within ``timeout`` (``shutdown_timeout``
         by default), cancel the rest, then release the jobs held and close the cache."""
         self.slots.closing = True
-        if self._accepting is not None:
-            self._accepting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._accepting
+        for task in (self._beating, self._accepting):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._client is not None:
+            await self._client.aclose()
         if self._listener is not None:
             self._listener.close()
         await self.slots.drain(self.settings.shutdown_timeout if timeout is None else timeout)

@@ -197,7 +197,12 @@ class ZooKeeperHA:
     def _recover(self, target: ContentKey | JobBlob) -> bool:
         storage = self._storage
         assert storage is not None
-        with storage.stage() as upload:
+        named = self.blobs.key_of(target)
+        if named is None:
+            return False
+        # Staged as a PUT of its size is: a disk that cannot hold it refuses it (as
+        # INSUFFICIENT_STORAGE) before a byte is fetched, not at the byte that does not fit.
+        with storage.stage(self.blobs.size_of(named)) as upload:
             key = self.blobs.fetch(target, upload.write)
             if key is None:
                 return False

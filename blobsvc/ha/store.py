@@ -11,14 +11,29 @@ Layout under ``<root>`` (one root per cluster id)::
     objects/<k[:2]>/<k>/data       the bytes of content key k, written once however many names share it
     objects/<k[:2]>/<k>/content    k has its content-addressed name
     objects/<k[:2]>/<k>/<job>-<h>  job <job> names k under the name whose BLAKE3 is h
-    jobs/<job>/<h>                 "<k>\\n<epoch>\\n<name>": the key job <job> has under that name,
-                                   and the epoch of the leader that wrote it
+    names/<job>/<h>/<epoch>-<seq>  "<k>\\n<epoch>\\n<name>": a record that job <job> names key k
+                                   under that name, written by the leader of <epoch> (both
+                                   parts of the file name 16 hex digits)
+    jobs/<job>/<h>                 the same, the one record of a name in a store written by an
+                                   earlier blobsvc: read as the oldest record of its epoch,
+                                   removed by the name's next write
     corrupt/<k>-<time>             a copy a read found damaged, moved aside for an operator
 
 Writes go object, then ref, then name record, and deletes the other way round, so a crash
 between steps leaves an unreferenced object or ref (space, never a dangling name). An
 object goes when its last ref does. A key's bytes and refs share a directory so that one
 directory fsync makes a new object and its first ref durable together.
+
+**Name records never go back in time.** A name record is never overwritten, as Flink's
+ZooKeeperCompletedCheckpointStore never overwrites a completed checkpoint: each write of a
+name creates a new record, ordered by its file name (the writer's epoch, then a sequence
+within it), with an exclusive create (a link of a synced temporary file in a directory,
+``If-None-Match`` where fsspec offers ``mode="create"``, as S3 does). A reader takes the
+newest valid record; older ones are removed only once a newer one is durable (oldest first
+when a name is deleted, so a crash never leaves an older version as the newest). A leader
+refuses to write under a name whose newest record has a newer epoch, but that check is only
+a courtesy: a deposed leader paused between it and its write adds a record that orders
+below the newer leader's, and is never read.
 
 Durability: a local directory (a path, or a ``file://`` URL) writes a temporary file beside
 the final one, fsyncs it, renames it into place and fsyncs the directory, so a crash leaves
@@ -33,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import time
@@ -76,6 +92,9 @@ class BlobStore(Protocol):
     def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
         """The key the store holds under ``target``, without reading the bytes."""
 
+    def size_of(self, key: bytes) -> int | None:
+        """The size of the bytes of ``key``, None when the store has none."""
+
     def names(self, job: bytes) -> list[str]:
         """The names of ``job`` the store holds."""
 
@@ -103,6 +122,9 @@ class VoidBlobStore:
     def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
         return None
 
+    def size_of(self, key: bytes) -> int | None:
+        return None
+
     def names(self, job: bytes) -> list[str]:
         return []
 
@@ -123,6 +145,10 @@ class _Files(Protocol):
 
     def write_file(self, path: str, source: Path, marker: str | None = None) -> None: ...
     def write_bytes(self, path: str, data: bytes) -> None: ...
+    def create_bytes(self, path: str, data: bytes) -> None:
+        """Write a new file at ``path``, durable before it returns; :class:`FileExistsError`
+        (and nothing written) when there is one."""
+
     def chunks(self, path: str) -> Iterator[bytes]: ...
     def size(self, path: str) -> int | None: ...
     def listdir(self, path: str) -> list[str]: ...
@@ -141,9 +167,10 @@ class _LocalFiles:
         return self.root / path
 
     @contextlib.contextmanager
-    def _replacing(self, path: str, marker: str | None = None) -> Iterator[Path]:
-        """A temporary file to fill; on success it is synced and renamed to ``path``, and an
-        empty ``marker`` is created beside it before the directory is synced.
+    def _replacing(self, path: str, marker: str | None = None, *, exclusive: bool = False) -> Iterator[Path]:
+        """A temporary file to fill; on success it is synced and renamed to ``path`` (linked
+        there if ``exclusive``: :class:`FileExistsError` if ``path`` is taken), and an empty
+        ``marker`` is created beside it before the directory is synced.
 
         The temporary files a crashed write left in that directory go first (a key's or a
         job's directory holds a few files: cheap to look). Safe to take, since the caller
@@ -161,7 +188,10 @@ class _LocalFiles:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(temp, final)
+            if exclusive:
+                os.link(temp, final)
+            else:
+                os.replace(temp, final)
             if marker is not None:
                 (final.parent / marker).touch()
         finally:
@@ -184,6 +214,10 @@ class _LocalFiles:
         make_dirs(final.parent)
         final.touch()
         fsync_dir(final.parent)
+
+    def create_bytes(self, path: str, data: bytes) -> None:
+        with self._replacing(path, exclusive=True) as temp:
+            temp.write_bytes(data)
 
     def chunks(self, path: str) -> Iterator[bytes]:
         with open(self._path(path), "rb") as f:
@@ -253,6 +287,13 @@ class _FsspecFiles:
         self.fs.pipe_file(full, data)
         self._checked(path, len(data))
 
+    def create_bytes(self, path: str, data: bytes) -> None:
+        full = self._path(path)
+        self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
+        # s3fs makes this a PUT with If-None-Match: *; fsspec's default checks, then writes.
+        self.fs.pipe_file(full, data, mode="create")
+        self._checked(path, len(data))
+
     def chunks(self, path: str) -> Iterator[bytes]:
         with self.fs.open(self._path(path), "rb") as f:
             while chunk := f.read(CHUNK):
@@ -297,6 +338,35 @@ def _name_hash(name: str) -> str:
     return str(blake3.blake3(name.encode("utf-8")).hexdigest())
 
 
+_ORDER = re.compile("[0-9a-f]{16}-[0-9a-f]{16}")
+_EARLIER_LAYOUT = -1
+"""The sequence a name's record in the earlier layout orders at: before any record of its epoch."""
+
+Order = tuple[int, int]
+
+
+class _Name(NamedTuple):
+    """Where the records of one job name live."""
+
+    job: bytes
+    hash: str
+
+    @property
+    def records(self) -> str:
+        return f"names/{self.job.hex()}/{self.hash}"
+
+    @property
+    def earlier(self) -> str:
+        """Where the earlier layout kept the name's one record, written over by every write."""
+        return f"jobs/{self.job.hex()}/{self.hash}"
+
+    def path(self, order: Order) -> str:
+        """A record's path: its file name is its order, so that names sort as records do."""
+        if order[1] == _EARLIER_LAYOUT:
+            return self.earlier
+        return f"{self.records}/{order[0]:016x}-{order[1]:016x}"
+
+
 class FileSystemBlobStore:
     """Content-addressed durable copies under a directory or an fsspec URL.
 
@@ -321,10 +391,6 @@ class FileSystemBlobStore:
         return f"{cls._key_dir(key)}/{_DATA}"
 
     @staticmethod
-    def _record(job: bytes, name_hash: str) -> str:
-        return f"jobs/{job.hex()}/{name_hash}"
-
-    @staticmethod
     def _ref(target: JobBlob | None) -> str:
         return _CONTENT_REF if target is None else f"{target.job.hex()}-{_name_hash(target.name)}"
 
@@ -340,17 +406,53 @@ class FileSystemBlobStore:
                 self.files.write_bytes(f"{self._key_dir(k)}/{self._ref(target)}", b"")
         if target is None:
             return
+        name = _Name(target.job, _name_hash(target.name))
         with self._jobs.hold(target.job):
-            record = self._record(target.job, _name_hash(target.name))
-            replaced = self._read_record(record)
-            if replaced is not None and replaced.epoch > epoch:
+            orders = self._orders(name)
+            newest = orders[-1] if orders else (epoch, -1)
+            if newest[0] > epoch:
                 # A deposed leader finishing a slow write: the newer leader's name stands.
-                raise NotLeader(f"a newer leader (epoch {replaced.epoch}) wrote this name; not overwritten")
-            self.files.write_bytes(record, f"{k}\n{epoch}\n{target.name}".encode())
-        if replaced is not None and replaced.key != key:
-            self._unref(replaced.key, self._ref(target))
+                raise NotLeader(f"a newer leader (epoch {newest[0]}) wrote this name; not overwritten")
+            order = (epoch, newest[1] + 1 if newest[0] == epoch else 0)
+            try:
+                self.files.create_bytes(name.path(order), f"{k}\n{epoch}\n{target.name}".encode())
+            except FileExistsError:
+                raise NotLeader(f"another writer took the name record {name.path(order)}; not written") from None
+            self._drop_older(name, order, key)
+
+    def _drop_older(self, name: _Name, order: Order, key: bytes) -> None:
+        """Remove a name's records ordered before ``order`` (whose record, naming ``key``, is
+        durable), oldest first, then the refs of keys no remaining record names. Job's lock
+        held."""
+        orders = self._orders(name)
+        older = [found for found in orders if found < order]
+        dropped = self._keys_named(name, older)
+        # A newer leader's records, written since this one checked, keep their keys.
+        kept = {key} | self._keys_named(name, [found for found in orders if found > order])
+        for found in older:
+            self.files.remove(name.path(found))
+        for stale in dropped - kept:
+            self._unref(stale, f"{name.job.hex()}-{name.hash}")
+
+    def _keys_named(self, name: _Name, orders: list[Order]) -> set[bytes]:
+        """The keys a name's records of ``orders`` name (a damaged record names none)."""
+        found = (self._read_quietly(name.path(order)) for order in orders)
+        return {record.key for record in found if record is not None}
 
     # --- reading ----------------------------------------------------------------------------
+
+    def _orders(self, name: _Name) -> list[Order]:
+        """The orders (epoch, sequence) of a name's records, oldest first. A record of the
+        earlier layout orders before every record of its epoch (a damaged one before all)."""
+        found = []
+        for entry in self.files.listdir(name.records):
+            epoch, _, sequence = entry.partition("-")
+            if _ORDER.fullmatch(entry):
+                found.append((int(epoch, 16), int(sequence, 16)))
+        if self.files.size(name.earlier) is not None:
+            earlier = self._read_quietly(name.earlier)
+            found.append((-1 if earlier is None else earlier.epoch, _EARLIER_LAYOUT))
+        return sorted(found)
 
     def _read_record(self, record: str) -> _Record | None:
         """What a name record holds; None when there is no record."""
@@ -367,12 +469,35 @@ class FileSystemBlobStore:
             raise DigestMismatch(f"the HA store's name record {self.location}/{record} is damaged; not served")
         return parsed
 
+    def _read_quietly(self, record: str) -> _Record | None:
+        """A name record, or None when it is missing or damaged (it names nothing)."""
+        with contextlib.suppress(DigestMismatch):
+            return self._read_record(record)
+        return None
+
+    def _newest(self, name: _Name) -> _Record | None:
+        """The name's newest valid record; None when it has none. A damaged record newer
+        than it is a write that never finished (a crash on a store without atomic writes),
+        never acknowledged; a name whose every record is damaged is refused."""
+        with self._jobs.hold(name.job):  # so that no write of ours removes what was just listed
+            orders = self._orders(name)
+            for order in reversed(orders):
+                record = self._read_quietly(name.path(order))
+                if record is not None:
+                    return record
+        if orders:
+            raise DigestMismatch(f"the HA store's records of {self.location}/{name.records} are damaged; not served")
+        return None
+
     def key_of(self, target: ContentKey | JobBlob) -> bytes | None:
         if isinstance(target, ContentKey):
             k = target.key.hex()
             return target.key if self.files.size(f"{self._key_dir(k)}/{_CONTENT_REF}") is not None else None
-        record = self._read_record(self._record(target.job, _name_hash(target.name)))
+        record = self._newest(_Name(target.job, _name_hash(target.name)))
         return None if record is None else record.key
+
+    def size_of(self, key: bytes) -> int | None:
+        return self.files.size(self._object(key.hex()))
 
     def fetch(self, target: ContentKey | JobBlob, write: Writer) -> bytes | None:
         key = self.key_of(target)
@@ -398,15 +523,19 @@ class FileSystemBlobStore:
 
     def names(self, job: bytes) -> list[str]:
         found = []
-        for name_hash in self.files.listdir(f"jobs/{job.hex()}"):
-            with contextlib.suppress(DigestMismatch):  # a damaged record names nothing
-                record = self._read_record(self._record(job, name_hash))
+        for name_hash in self._name_hashes(job):
+            with contextlib.suppress(DigestMismatch):  # damaged records name nothing
+                record = self._newest(_Name(job, name_hash))
                 if record is not None:
                     found.append(record.name)
         return found
 
     def has_job(self, job: bytes) -> bool:
-        return bool(self.files.listdir(f"jobs/{job.hex()}"))
+        return bool(self._name_hashes(job))
+
+    def _name_hashes(self, job: bytes) -> set[str]:
+        """The hashes of the names ``job`` has records of, in either layout."""
+        return set(self.files.listdir(f"names/{job.hex()}")) | set(self.files.listdir(f"jobs/{job.hex()}"))
 
     def count(self) -> int:
         return sum(len(self.files.listdir(f"objects/{prefix}")) for prefix in self.files.listdir("objects"))
@@ -418,17 +547,18 @@ class FileSystemBlobStore:
             self._unref(target.key, _CONTENT_REF)
             return
         job = target.job
-        hashes = [_name_hash(target.name)] if isinstance(target, JobBlob) else self.files.listdir(f"jobs/{job.hex()}")
+        hashes = {_name_hash(target.name)} if isinstance(target, JobBlob) else self._name_hashes(job)
         with self._jobs.hold(job):
             for name_hash in hashes:
-                record = self._record(job, name_hash)
-                try:
-                    held = self._read_record(record)
-                except DigestMismatch:
-                    held = None  # a damaged record names nothing we could collect
-                self.files.remove(record)
-                if held is not None:
-                    self._unref(held.key, f"{job.hex()}-{name_hash}")
+                name = _Name(job, name_hash)
+                orders = self._orders(name)
+                held = self._keys_named(name, orders)
+                for order in orders:  # oldest first: a crash never leaves an older version newest
+                    self.files.remove(name.path(order))
+                self.files.remove(name.records)
+                for key in held:  # once no record is left to name them
+                    self._unref(key, f"{job.hex()}-{name_hash}")
+            self.files.remove(f"names/{job.hex()}")
             self.files.remove(f"jobs/{job.hex()}")
 
     def _unref(self, key: bytes, ref: str) -> None:

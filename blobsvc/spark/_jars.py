@@ -31,15 +31,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .._spark_conf import URL_LIFETIME
 from ..http import blob_url
 from ._artifacts import Source
 from ._handle import Shipped
 
-__all__ = ["JAR_URL_LIFETIME", "add_jars", "is_connect"]
-
-# Executors that join later (dynamic allocation, a lost executor replaced) fetch the jars
-# then: their signed URLs must outlive any job a pipeline runs.
-JAR_URL_LIFETIME = 7 * 24 * 3600.0
+__all__ = ["add_jars", "is_connect"]
 
 
 def is_connect(spark: Any) -> bool:
@@ -64,7 +61,7 @@ def add_jars(
     context = getattr(spark, "sparkContext", spark)
     session = None if context is spark else spark
     for jar in jars:
-        url = blob_url(base_url, job=shipped.job, name=jar.name, secret=secret, expires_in=JAR_URL_LIFETIME)
+        url = blob_url(base_url, job=shipped.job, name=jar.name, secret=secret, expires_in=URL_LIFETIME)
         if session is not None and not agent:
             session.sql(f"ADD JAR '{url}'")
         else:

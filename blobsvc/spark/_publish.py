@@ -8,18 +8,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from .._digests import file_digest
 from .._exceptions import InvalidArgument
 from .._ids import new_job_id
 from .._tls import client_context_for
 from ..client import BlobClient
 from ..config import Settings
 from ._artifacts import Artifact, Kind, Source, parse_source
-from ._digests import file_digest
 from ._handle import Shipped
 from ._jars import add_jars, is_connect
 from ._local import CacheOptions
 
-__all__ = ["CONF_KEYS", "HTTP_URL_KEY", "publish"]
+__all__ = ["CONF_KEYS", "HTTP_URL_KEY", "conf_settings", "publish"]
 
 log = logging.getLogger("blobsvc.spark")
 
@@ -62,8 +62,7 @@ def publish(
     deleted on the server when the block ends.
     """
     conf = _conf_reader(spark)
-    from_conf = {field: conf(key) for field, key in CONF_KEYS.items()}
-    settings = Settings.load({**from_conf, "server": server or from_conf["server"]})
+    settings, from_conf = conf_settings(conf, server=server)
     sources = [
         *(parse_source(f, Kind.FILE) for f in _each(files)),
         *(parse_source(f, Kind.PY) for f in _each(py_files)),
@@ -114,6 +113,14 @@ def _conf_reader(spark: Any) -> Callable[[str], str | None]:
     return lambda key: spark_conf.get(key)
 
 
+def conf_settings(get: Callable[[str], str | None], **given: str | None) -> tuple[Settings, dict[str, str | None]]:
+    """The settings a Spark conf holds (``get`` reads one of its keys; see :data:`CONF_KEYS`)
+    over the ``BLOBSVC_*`` environment and the defaults, with the values ``given`` (unless
+    None or empty) on top; and the conf's own values, by setting."""
+    from_conf = {field: get(key) for field, key in CONF_KEYS.items()}
+    return Settings.load({**from_conf, **{k: v for k, v in given.items() if v}}), from_conf
+
+
 def _each(paths: Paths) -> list[str | os.PathLike[str]]:
     if isinstance(paths, str | os.PathLike):
         return [paths]  # one path given where a list was meant: not its characters
@@ -122,7 +129,7 @@ def _each(paths: Paths) -> list[str | os.PathLike[str]]:
 
 def _upload(client: BlobClient, job: str, sources: list[Source], digests: Path) -> tuple[tuple[Artifact, ...], int]:
     """Every source as a blob of ``job``; on any failure the half-published job is deleted.
-    Digests of unchanged files come from ``digests`` (see :mod:`._digests`)."""
+    Digests of unchanged files come from ``digests`` (see :mod:`blobsvc._digests`)."""
     artifacts = []
     sent = 0
     try:

@@ -1,6 +1,7 @@
 """The driver's memory of file digests, so that publishing an unchanged file does not read it.
 
-Publishing hashes each file to ask the server whether it holds the bytes (LINK); for a model
+Publishing (``blobsvc.spark.publish``, ``environment``, ``blobsvc spark-conf``) hashes each
+file to ask the server whether it holds the bytes (LINK, STAT); for a model or an environment
 of a few GiB that read is most of what a re-run costs. So each digest is kept beside the
 file's stamp (device, inode, size, mtime and ctime in nanoseconds) in
 ``<cache dir>/digests/``, and reused while the stamp is unchanged. ctime cannot be set from
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import blake3
 
-from .._ids import hash_file
+from ._ids import hash_file
 
 __all__ = ["RACY_SECONDS", "file_digest"]
 

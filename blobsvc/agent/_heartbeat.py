@@ -1,0 +1,101 @@
+"""The agent's heartbeats: it tells the server that it lives, what its cache holds and which
+jobs it holds; the server answers which of those jobs are gone, and the agent lets them go.
+
+Rules (docs/protocol.md, "HEARTBEAT", has the fields):
+
+* The first heartbeat goes out as the agent starts, then one every ``interval`` seconds, as
+  the server's last answer asked (``DEFAULT_INTERVAL`` until one came).
+* A job is released only on the server's word (``gone_jobs``); a heartbeat that fails releases
+  nothing, since a server that cannot be reached says nothing of its jobs. The files of a
+  released job go one ``cleanup_interval`` later, unless another process holds the job or a
+  later request takes it again; its content stays under the cache's LRU rule.
+* A server that cannot be reached is logged once when the outage begins and once when it
+  ends, not at every beat; the agent keeps serving its cache meanwhile.
+* A heartbeat names at most ``MAX_REPORTED_JOBS`` jobs, so that it stays well inside the
+  protocol's 64 KiB; an agent holding more names the next ones in the next heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._exceptions import BlobError
+from ..client import AsyncBlobClient
+from ..config import package_version
+from ._source import CacheSource
+
+__all__ = ["DEFAULT_INTERVAL", "MAX_REPORTED_JOBS", "Heartbeats"]
+
+log = logging.getLogger("blobsvc.agent")
+
+DEFAULT_INTERVAL = 10.0  # the server's default agent_heartbeat_interval
+# 35 bytes a job id in JSON: 1,000 of them and the counters take about 36 KiB of 64.
+MAX_REPORTED_JOBS = 1000
+
+
+class Heartbeats:
+    """Heartbeats of the agent whose face is at ``port``, sent through ``client``."""
+
+    def __init__(
+        self,
+        client: AsyncBlobClient,
+        source: CacheSource,
+        port: int,
+        counts: Callable[[], Mapping[str, int]],
+    ) -> None:
+        self.client = client
+        self.source = source
+        self.counts = counts
+        # Every host's agent listens on 127.0.0.1:6131: the host name tells them apart.
+        self.host = socket.gethostname()
+        self.agent = f"{self.host}:{port}"
+        self.interval = DEFAULT_INTERVAL
+        self._next_job = 0  # where the next heartbeat's share of a long list of jobs begins
+        self._failing = False
+
+    async def run(self) -> None:
+        """Beat until cancelled."""
+        while True:
+            await self.beat()
+            await asyncio.sleep(self.interval)
+
+    async def beat(self) -> None:
+        """One heartbeat and what its answer says; a failure is logged, not raised."""
+        try:
+            reply = await self.client.heartbeat(await self.report())
+        except BlobError as exc:
+            if not self._failing:
+                log.warning(
+                    "heartbeat to %s failed (the agent serves its cache meanwhile): %s", self.client.server, exc
+                )
+            self._failing = True
+            return
+        if self._failing:
+            log.info("heartbeats to %s go through again", self.client.server)
+        self._failing = False
+        self.interval = float(reply.get("interval", self.interval))
+        for job in reply.get("gone_jobs", []):
+            log.info("job %s is gone from the server: its files go after the cleanup interval", job)
+            await asyncio.to_thread(self.source.release, job.lower())
+
+    async def report(self) -> dict[str, Any]:
+        cache = self.source.cache
+        stats = await asyncio.to_thread(cache.stats)  # walks the cache directory: off the loop
+        jobs = self.source.jobs
+        if len(jobs) > MAX_REPORTED_JOBS:
+            start = self._next_job % len(jobs)
+            jobs = (jobs[start:] + jobs[:start])[:MAX_REPORTED_JOBS]
+            self._next_job = start + MAX_REPORTED_JOBS
+        return {
+            "agent": self.agent,
+            "host": self.host,
+            "version": package_version(),
+            "cache_bytes": stats.bytes,
+            "cache_max_bytes": cache.max_bytes,
+            **self.counts(),
+            "jobs": jobs,
+        }

@@ -1,0 +1,114 @@
+"""A packed Python environment for the executors' Python workers, fetched through each host's agent."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, TypeVar
+
+from pyspark import SparkConf, SparkContext
+from pyspark.sql import SparkSession
+
+from .. import _spark_conf
+from .._exceptions import InvalidArgument, InvalidArgumentType
+from ._publish import CONF_KEYS, conf_settings
+
+__all__ = ["environment"]
+
+log = logging.getLogger("blobsvc.spark")
+
+_Target = TypeVar("_Target", SparkSession.Builder, SparkConf)
+
+
+def environment(
+    builder: _Target,
+    archive: str | os.PathLike[str],
+    *,
+    alias: str = _spark_conf.DEFAULT_ALIAS,
+    agent: str | None = None,
+    server: str | None = None,
+) -> _Target:
+    """Run the executors' Python workers in the packed environment ``archive``, which every
+    host fetches through its blobsvc agent; returns ``builder``, to start the session from.
+
+    ``builder`` is a ``SparkSession.Builder`` or a ``SparkConf`` whose SparkContext has not
+    started: Spark ships ``spark.archives`` and picks the workers' Python only as a context
+    starts. The archive is uploaded to the server as a content blob, its bytes sent only when
+    the server lacks them (an unchanged file is not even read again: its digest is
+    remembered under the cache directory). Then ``builder`` gets
+
+    * ``spark.archives`` += ``<agent>/blobs/<key>/<archive's file name>#<alias>``: a URL whose
+      path ends in the file name, since Spark picks how to unpack by it (``.tar.gz``,
+      ``.tgz``, ``.tar``, ``.zip``); entries already there are kept, except one unpacked
+      under the same ``alias``, which this one replaces;
+    * ``spark.pyspark.python`` = ``./<alias>/bin/python``, which spark-submit reads;
+
+    and this process's ``PYSPARK_PYTHON`` environment variable is set to the same, because a
+    plain Python driver gives its executors the Python that variable names when its
+    SparkContext starts, not the conf's.
+
+    The agent is ``agent``, else the conf's ``spark.blobsvc.agent``, else the ``agent_url``
+    setting (``BLOBSVC_AGENT_URL``): the same URL on every host, the driver's included, since
+    the driver fetches ``spark.archives`` too. The server and its secret come as for
+    ``publish``: ``server``, else ``spark.blobsvc.server``, else ``BLOBSVC_SERVER``; the URL
+    is signed for 7 days when there is a secret.
+
+    The blob belongs to no job, since a builder has no end of life: it stays on the server
+    until deleted there (``blobsvc delete KEY``), and each host keeps its copy under its
+    cache's size limit, evicted least recently used.
+
+    What the archive needs: a **conda-pack** archive ships its interpreter and is fully
+    relocatable, the choice when hosts differ. A **venv-pack** archive's ``bin/python`` is a
+    symlink to the absolute path of the interpreter the venv was made from, which must exist
+    at that path on every host. A **pex** file is no archive: ship it with
+    ``spark.files`` and ``spark.pyspark.python=./env.pex`` instead.
+
+    Not for a ``local`` master, whose Python workers start in the driver's directory rather
+    than where archives are unpacked. A missing file, a name Spark does not unpack, an alias
+    that is no plain directory name, no agent, a ``local`` master, or a SparkContext already
+    running raises :class:`InvalidArgument`.
+    """
+    conf = _conf_of(builder)
+    path = _spark_conf.archive_path(archive)
+    alias = _spark_conf.check_alias(alias)
+    if SparkContext._active_spark_context is not None:
+        raise InvalidArgument("a SparkContext is running: stop it before giving a new one an environment")
+    master = conf.get("spark.master") or ""
+    if master.startswith("local") and not master.startswith("local-cluster"):
+        # Spark unpacks archives into a temporary directory there, not where workers start.
+        raise InvalidArgument(f"master {master!r} runs Python workers where no archive is unpacked: use a cluster")
+    settings, _ = conf_settings(conf.get, server=server, agent_url=agent)
+    agent_url = _spark_conf.agent_url(settings, f"pass agent=, or set {CONF_KEYS['agent_url']} or BLOBSVC_AGENT_URL")
+    with _spark_conf.blob_client(settings) as client:
+        key, sent = _spark_conf.ship(client, path, settings.cache_dir / "digests")
+    url = _spark_conf.url(agent_url, key, path, settings)
+    values = _spark_conf.environment_conf(url, alias, conf.get("spark.archives"))
+    for name, value in values.items():
+        conf.set(name, value)
+    os.environ["PYSPARK_PYTHON"] = values["spark.pyspark.python"]
+    log.info("environment %s (%s, %s) through %s", path.name, key, "uploaded" if sent else "held already", agent_url)
+    return builder
+
+
+class _BuilderConf:
+    """A builder's options read and written like a SparkConf's. PySpark's Builder has no
+    getter: its options dict is where what was set on it lives until the session starts."""
+
+    def __init__(self, builder: SparkSession.Builder) -> None:
+        self.builder = builder
+
+    def get(self, key: str) -> str | None:
+        value = self.builder._options.get(key)
+        return None if value is None else str(value)
+
+    def set(self, key: str, value: str) -> None:
+        self.builder.config(key, value)
+
+
+def _conf_of(builder: Any) -> SparkConf | _BuilderConf:
+    if isinstance(builder, SparkConf):
+        return builder
+    if isinstance(builder, SparkSession.Builder):
+        return _BuilderConf(builder)
+    what = type(builder).__name__
+    raise InvalidArgumentType(f"environment() takes a SparkSession.Builder or a SparkConf, not a {what}")

@@ -1,0 +1,333 @@
+"""Packed Python environments through the host's agent: ``blobsvc.spark.environment``.
+
+Without Spark: what it sets on a SparkConf, and its errors. With real PySpark on
+``local-cluster[2,1,1024]`` (two applications, one after the other): the executors' Python
+workers run in a venv-pack environment that only the agent delivered, and the second
+application's hosts fetch nothing more from the server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import blake3
+import pytest
+from pyspark import SparkConf
+
+from blobsvc import BlobClient, InvalidArgument, Settings, _digests
+from blobsvc.spark import environment
+
+from .agent_helpers import AgentProcess, run_agent
+from .conftest import ServerThread, with_secret
+from .spark_helpers import start_session
+
+PROBE = "blobsvc_envprobe"  # a package only the packed environment holds
+ANSWER = "probe-1.0"
+TASKS = 8
+AGENT = "http://127.0.0.1:6131"
+
+
+def probe_wheel(directory: Path) -> Path:
+    """A pure-Python wheel of ``blobsvc_envprobe``, written by hand: a wheel is a zip."""
+    path = directory / f"{PROBE}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(f"{PROBE}/__init__.py", f"ANSWER = {ANSWER!r}\n")
+        wheel.writestr(
+            f"{PROBE}-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: blobsvc-envprobe\nVersion: 1.0\n"
+        )
+        wheel.writestr(f"{PROBE}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{PROBE}-1.0.dist-info/RECORD", "")
+    return path
+
+
+def packed_environment(directory: Path) -> Path:
+    """``env.tar.gz``: a venv-pack archive of a fresh venv holding only the probe.
+
+    Not pyspark: Spark puts its own ``pyspark.zip`` and py4j on the Python workers'
+    PYTHONPATH, so an environment needs only what the tasks import (as Spark's own guide
+    to venv-pack has it)."""
+    import venv_pack
+
+    venv = directory / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "--disable-pip-version-check"]
+    install = [*pip, "install", "--quiet", "--no-index", "--no-deps", str(probe_wheel(directory))]
+    subprocess.run(install, check=True, timeout=120)
+    archive = directory / "env.tar.gz"
+    venv_pack.pack(prefix=str(venv), output=str(archive))
+    return archive
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return packed_environment(tmp_path_factory.mktemp("environment"))
+
+
+# --- without Spark: a SparkConf ------------------------------------------------------------
+
+
+@pytest.fixture
+def settings(settings: Settings, tmp_path: Path) -> Settings:
+    """The shared server settings with a secret."""
+    return with_secret(settings, tmp_path)
+
+
+@pytest.fixture
+def blank_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No BLOBSVC_* variable from outside; PYSPARK_PYTHON put back after the test."""
+    for name in list(os.environ):
+        if name.startswith("BLOBSVC_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+
+
+def blobsvc_conf(server: ServerThread, tmp_path: Path, **extra: str) -> SparkConf:
+    conf = SparkConf(loadDefaults=False)
+    conf.set("spark.blobsvc.server", server.address)
+    conf.set("spark.blobsvc.secretFile", str(server.settings.secret_file))
+    conf.set("spark.blobsvc.cacheDir", str(tmp_path / "cache"))
+    for key, value in extra.items():
+        conf.set(key, value)
+    return conf
+
+
+@pytest.mark.usefixtures("blank_environ")
+def test_a_conf_gets_the_archives_url_on_the_agent_and_the_python_inside_it(
+    server_thread: ServerThread, archive: Path, tmp_path: Path
+) -> None:
+    conf = blobsvc_conf(server_thread, tmp_path)
+    secret = str(server_thread.settings.secret_file)
+    with run_agent(server_thread.address, tmp_path / "agent", "--secret-file", secret) as running:
+        agent = running.url
+        assert environment(conf, archive, agent=agent) is conf
+        url = conf.get("spark.archives", "").partition("#")[0]
+        assert running.get(url.removeprefix(agent)) == (200, archive.read_bytes()), "the URL works as given"
+    key = blake3.blake3(archive.read_bytes()).hexdigest()
+    url, _, alias = conf.get("spark.archives", "").partition("#")
+    assert alias == "environment"
+    assert url.startswith(f"{agent}/blobs/{key}/env.tar.gz?expires=")
+    expires = int(parse_qs(urlsplit(url).query)["expires"][0])
+    assert abs(expires - (time.time() + 7 * 24 * 3600)) < 60, "signed for 7 days: executors join later"
+    assert urlsplit(url).path.endswith("/env.tar.gz"), "Spark unpacks by the file name the URL's path ends in"
+    assert conf.get("spark.pyspark.python") == "./environment/bin/python"
+    assert os.environ["PYSPARK_PYTHON"] == "./environment/bin/python"
+    with BlobClient(server_thread.address, secret=b"s3cr3t") as client:
+        assert client.stat(key).size == archive.stat().st_size  # content: a blob of no job
+
+
+@pytest.mark.usefixtures("blank_environ")
+def test_an_archive_the_server_holds_is_neither_read_nor_sent_again(
+    server_thread: ServerThread, archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_digests, "RACY_SECONDS", 0.0)  # the archive was just written
+    environment(blobsvc_conf(server_thread, tmp_path), archive, agent=AGENT)
+    puts = server_thread.server.requests["PUT"]
+    monkeypatch.setattr(_digests, "hash_file", lambda path: pytest.fail("read again"))
+    conf = environment(blobsvc_conf(server_thread, tmp_path), archive, agent=AGENT)
+    assert server_thread.server.requests["PUT"] == puts, "no bytes sent"
+    assert f"/blobs/{blake3.blake3(archive.read_bytes()).hexdigest()}/" in conf.get("spark.archives", "")
+
+
+@pytest.mark.usefixtures("blank_environ")
+def test_archives_already_set_are_kept_but_one_under_the_same_alias(
+    server_thread: ServerThread, archive: Path, tmp_path: Path
+) -> None:
+    earlier = "hdfs:///data/dicts.zip#dicts,http://old-agent:6131/blobs/00/env.tar.gz?expires=1&signature=ab#py"
+    conf = blobsvc_conf(server_thread, tmp_path, **{"spark.archives": earlier})
+    environment(conf, archive, alias="py", agent=AGENT)
+    entries = conf.get("spark.archives", "").split(",")
+    assert entries[0] == "hdfs:///data/dicts.zip#dicts"
+    assert len(entries) == 2 and entries[1].startswith(f"{AGENT}/blobs/") and entries[1].endswith("#py")
+    assert conf.get("spark.pyspark.python") == "./py/bin/python"
+
+
+@pytest.mark.usefixtures("blank_environ")
+def test_the_agent_is_the_argument_else_the_conf_else_the_environment(
+    server_thread: ServerThread, archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def agent_of(conf: SparkConf) -> str:
+        return urlsplit(conf.get("spark.archives", "")).netloc
+
+    monkeypatch.setenv("BLOBSVC_AGENT_URL", "http://127.0.0.1:7003")
+    with_conf = {"spark.blobsvc.agent": "http://127.0.0.1:7002"}
+    assert agent_of(environment(blobsvc_conf(server_thread, tmp_path), archive)) == "127.0.0.1:7003"
+    assert agent_of(environment(blobsvc_conf(server_thread, tmp_path, **with_conf), archive)) == "127.0.0.1:7002"
+    conf = blobsvc_conf(server_thread, tmp_path, **with_conf)
+    assert agent_of(environment(conf, archive, agent="http://127.0.0.1:7001")) == "127.0.0.1:7001"
+
+
+@pytest.mark.usefixtures("blank_environ")
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"archive": "missing.tar.gz"}, "no such file"),
+        ({"archive": "env.rar"}, "Spark unpacks .tar.gz, .tgz, .tar, .zip archives, not 'env.rar'"),
+        ({"alias": "envs/py"}, "alias 'envs/py' must be a directory name"),
+        ({"alias": "a,b"}, "alias 'a,b' must be a directory name"),
+        ({"alias": ".."}, "alias '..' must be a directory name"),
+        (
+            {"agent": None},
+            "no blobsvc agent to fetch through: pass agent=, or set spark.blobsvc.agent or BLOBSVC_AGENT",
+        ),
+        ({"agent": "ftp://agent:21"}, "setting agent_url: not an agent URL"),
+        ({"builder": "spark.archives=x"}, "takes a SparkSession.Builder or a SparkConf, not a str"),
+        ({"master": "local[2]"}, "master 'local[2]' runs Python workers where no archive is unpacked"),
+    ],
+    ids=[
+        "missing-file",
+        "not-an-archive",
+        "alias-with-slash",
+        "alias-with-comma",
+        "alias-dot-dot",
+        "no-agent",
+        "not-an-agent-url",
+        "not-a-conf",
+        "local-master",
+    ],
+)
+def test_bad_input_is_one_line_invalid_argument(
+    server_thread: ServerThread, archive: Path, tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    (tmp_path / "env.rar").write_bytes(b"Rar!")
+    conf = blobsvc_conf(server_thread, tmp_path)
+    arguments: dict[str, Any] = {"builder": conf, "archive": archive, "alias": "environment", "agent": AGENT}
+    arguments.update(change)
+    if "master" in arguments:
+        conf.setMaster(arguments.pop("master"))
+    if isinstance(arguments["archive"], str):
+        arguments["archive"] = tmp_path / arguments["archive"]
+    with pytest.raises(InvalidArgument) as raised:
+        environment(arguments.pop("builder"), arguments.pop("archive"), **arguments)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert conf.get("spark.archives") is None and os.environ["PYSPARK_PYTHON"] == sys.executable
+
+
+# --- with Spark: two applications through one agent -------------------------------------
+
+
+@dataclass
+class Cluster:
+    server: ServerThread
+    agent: AgentProcess
+    root: Path
+    conf: dict[str, str]
+
+    def fetched(self) -> float:
+        """Bytes the agent downloaded from the server."""
+        return self.agent.metric("blobsvc_agent_bytes_fetched_total")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A server with a secret (no HTTP face: every byte Spark fetches goes through the agent)
+    and one agent, for this host's driver and both executors."""
+    root = tmp_path_factory.mktemp("spark-environment")
+    settings = with_secret(Settings(host="127.0.0.1", port="0", data_dir=root / "data"), root)
+    secret = settings.secret_file
+    assert secret is not None
+    server = ServerThread(settings).start()
+    try:
+        with (
+            run_agent(server.address, root / "agent-cache", "--secret-file", str(secret)) as agent,
+            pytest.MonkeyPatch.context() as patch,
+        ):
+            patch.setenv("PYSPARK_PYTHON", sys.executable)  # environment() sets it: put it back after
+            conf = {
+                "spark.blobsvc.server": server.address,
+                "spark.blobsvc.secretFile": str(secret),
+                "spark.blobsvc.cacheDir": str(root / "driver-cache"),
+                "spark.blobsvc.agent": agent.url,
+            }
+            yield Cluster(server, agent, root, conf)
+    finally:
+        server.stop()
+
+
+def run_tasks(session: Any) -> list[tuple[str, str, str, str]]:
+    """One row per task: the executor, the worker's Python, where the unpacked environment's
+    Python is, and what the probe package answered."""
+
+    def task(_: Iterator[int]) -> Iterator[tuple[str, str, str, str]]:
+        import blobsvc_envprobe  # type: ignore[import-not-found]
+
+        here = os.getcwd()  # a standalone worker starts executor N in <app dir>/N
+        yield (
+            os.path.basename(here),
+            sys.executable,
+            os.path.join(here, "environment", "bin", "python"),
+            blobsvc_envprobe.ANSWER,
+        )
+
+    rows: list[tuple[str, str, str, str]] = (
+        session.sparkContext.parallelize(range(TASKS), TASKS).mapPartitions(task).collect()
+    )
+    return rows
+
+
+def assert_ran_in_the_environment(rows: list[tuple[str, str, str, str]]) -> None:
+    assert {row[0] for row in rows} == {"0", "1"}, "both executors ran tasks"
+    for _, executable, unpacked_python, answer in rows:
+        assert executable == unpacked_python and executable.endswith("/environment/bin/python")
+        assert answer == ANSWER
+
+
+@dataclass
+class FirstApplication:
+    rows: list[tuple[str, str, str, str]]
+    fetched: float
+    refused: str
+
+
+@pytest.fixture(scope="module")
+def first_application(cluster: Cluster, archive: Path) -> FirstApplication:
+    """The first application with the environment, run to its end (the session stopped)."""
+    assert importlib.util.find_spec(PROBE) is None, "the probe must come from the environment only"
+    session = start_session(cluster.root / "work", cluster.conf, prepare=lambda b: environment(b, archive))
+    try:
+        rows = run_tasks(session)
+        with pytest.raises(InvalidArgument) as refused:
+            environment(SparkConf(loadDefaults=False).setAll(list(cluster.conf.items())), archive)
+    finally:
+        session.stop()
+    return FirstApplication(rows, cluster.fetched(), str(refused.value))
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_executors_run_tasks_in_the_environment_the_agent_fetched(
+    first_application: FirstApplication, archive: Path
+) -> None:
+    assert_ran_in_the_environment(first_application.rows)
+    assert first_application.fetched == archive.stat().st_size, "the agent fetched the archive once for the host"
+    assert "a SparkContext is running" in first_application.refused
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_second_application_fetches_nothing_more_from_the_server(
+    cluster: Cluster, archive: Path, first_application: FirstApplication
+) -> None:
+    hits = cluster.agent.metric("blobsvc_agent_hits_total")
+    session = start_session(
+        cluster.root / "work", cluster.conf, name="second-application", prepare=lambda b: environment(b, archive)
+    )
+    try:
+        rows = run_tasks(session)
+    finally:
+        session.stop()
+    assert_ran_in_the_environment(rows)
+    assert cluster.fetched() == first_application.fetched, "no byte more from the server"
+    # The driver and both executors fetched spark.archives again: from the host's copy.
+    assert cluster.agent.metric("blobsvc_agent_hits_total") >= hits + 3
