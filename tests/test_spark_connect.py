@@ -74,3 +74,14 @@ def test_a_udf_over_connect_reads_a_published_file_and_imports_a_published_modul
     assert {row.s.split()[0] for row in rows} == {"0", "1"}, "both executors ran tasks"
     assert {row.s.split()[1] for row in rows} == {"HELLO!"}
     assert sorted(row.s for row in shouted) == [f"{i}!" for i in range(TASKS)]
+
+
+def test_publish_over_connect_reads_what_spark_conf_set_sets(connect: Connect, tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("a")
+    conf = connect.session.conf
+    conf.set("spark.blobsvc.cleanupInterval", "7")
+    try:
+        with publish(connect.session, [tmp_path / "a.txt"]) as shipped:
+            assert ("cleanup_interval", "7") in shipped.options.conf
+    finally:
+        conf.unset("spark.blobsvc.cleanupInterval")
