@@ -62,6 +62,7 @@ from ._exceptions import (
     WriteTimeout,
 )
 from ._fastpath import FastPath
+from ._jobgate import JobGates
 from ._logs import log_request
 from ._netio import SocketStream, bind_listener, body_deadline, header_deadline
 from ._observe import ABORTED, RequestObserver, op_name
@@ -94,6 +95,7 @@ from ._protocol import (
     StatRequest,
     StatusOk,
     StatusRequest,
+    WholeJob,
 )
 from ._slots import Connection, Slots
 from ._threads import wait_out
@@ -146,6 +148,8 @@ class BlobServer:
         self._secret = self.settings.secret()
         self._tls = server_context_for(self.settings)
         self.committer = GroupCommitter(self.storage)
+        self.gates = JobGates()
+        """In zookeeper mode, writes into a job and deletions in it take turns."""
         self._listener: socket.socket | None = None
         self._http_listener: socket.socket | None = None
         self._accepting: list[asyncio.Task[None]] = []  # one accept loop per listener
@@ -229,6 +233,18 @@ class BlobServer:
             if not await self.ha.recover(target):
                 raise
         return self.storage.open_blob(target)
+
+    def writing_into(self, target: JobBlob | None) -> contextlib.AbstractAsyncContextManager[None]:
+        """What a PUT or LINK holds from its HA copy to its local one (:mod:`blobsvc._jobgate`)."""
+        if isinstance(target, JobBlob) and self.ha.copies_uploads:
+            return self.gates.writing(target.job)
+        return contextlib.nullcontext()
+
+    def deleting_in(self, target: ContentKey | JobBlob | WholeJob) -> contextlib.AbstractAsyncContextManager[None]:
+        """What a DELETE holds while it removes both copies (:mod:`blobsvc._jobgate`)."""
+        if isinstance(target, JobBlob | WholeJob) and self.ha.copies_uploads:
+            return self.gates.deleting(target.job)
+        return contextlib.nullcontext()
 
     async def serve_forever(self) -> None:
         assert self._accepting, "start() first"
@@ -471,8 +487,9 @@ class _Connection(Connection):
                 with await self.server.open_blob(target) as blob:
                     await self._send(StatOk(blob.size, blob.digest))
             case DeleteRequest(target):
-                await self.server.ha.delete(target)  # the HA copy first: a lazy recovery must not revive it
-                await asyncio.to_thread(self.storage.delete, target)
+                async with self.server.deleting_in(target):
+                    await self.server.ha.delete(target)  # the HA copy first: a lazy recovery must not revive it
+                    await asyncio.to_thread(self.storage.delete, target)
                 await self._send(DeleteOk())
             case LinkRequest(target, key):
                 await self._link(target, key)
@@ -494,13 +511,14 @@ class _Connection(Connection):
         from the local object (never from the name, which a concurrent PUT may have replaced),
         then the acknowledgement, as for a PUT. Content only the HA store holds is recovered
         first."""
-        try:
-            size = await asyncio.to_thread(self.storage.link, key, target)
-        except NotFound:
-            if not await self.server.ha.recover(ContentKey(key)):
-                raise
-            size = await asyncio.to_thread(self.storage.link, key, target)
-        await self.server.ha.link(self.storage.layout.object(key), key, target)
+        async with self.server.writing_into(target):
+            try:
+                size = await asyncio.to_thread(self.storage.link, key, target)
+            except NotFound:
+                if not await self.server.ha.recover(ContentKey(key)):
+                    raise
+                size = await asyncio.to_thread(self.storage.link, key, target)
+            await self.server.ha.link(self.storage.layout.object(key), key, target)
         await self.server.ha.acknowledge()
         await self._send(LinkOk(size, key))
 
@@ -520,11 +538,12 @@ class _Connection(Connection):
                     digest = await self._receive_body(upload)
             finally:
                 self.moved = upload.size
-            if self.server.ha.copies_uploads:
-                await _finish(self.server.ha.store(upload, request.target, digest))
-            # Publication fsyncs, which can take milliseconds even for a tiny file: never on the
-            # loop, and shared with the PUTs publishing at the same time.
-            key = await _finish(self.server.committer.publish(upload, request.target, digest))
+            async with self.server.writing_into(request.target):
+                if self.server.ha.copies_uploads:
+                    await _finish(self.server.ha.store(upload, request.target, digest))
+                # Publication fsyncs, which can take milliseconds even for a tiny file: never on
+                # the loop, and shared with the PUTs publishing at the same time.
+                key = await _finish(self.server.committer.publish(upload, request.target, digest))
         await self.server.ha.acknowledge()
         await self._send(PutOk(key))
 

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -323,6 +324,55 @@ def test_a_put_is_not_answered_before_its_ha_copy_is_durable(
     finally:
         release.set()
         uploader.join(20)
+        leader.stop()
+
+
+def test_a_job_deleted_while_a_put_into_it_is_between_its_two_copies_keeps_both_copies_in_step(
+    zookeeper: ZooKeeper, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PUT is held after its HA copy and before its local one (a fault hook around the HA
+    store's write: no real store can be paused on demand) while DELETE JOB arrives. The
+    deletion waits for the PUT, so afterwards the name is in neither copy; without the job's
+    gate the leader would keep an acknowledged name that the HA store no longer holds."""
+    leader = _in_process(zookeeper, tmp_path, "gate")
+    store = leader.server.ha.blobs  # type: ignore[union-attr]
+    copied, release = threading.Event(), threading.Event()
+    put = store.put
+
+    def put_then_hold(*args: Any, **kwargs: Any) -> None:
+        put(*args, **kwargs)
+        copied.set()
+        assert release.wait(30)
+
+    monkeypatch.setattr(store, "put", put_then_hold)
+    job = new_job_id()
+    answers: list[object] = []
+
+    def call(what: Callable[[BlobClient], object]) -> threading.Thread:
+        def run() -> None:
+            with _client(leader.address, retries=0) as direct:
+                try:
+                    answers.append(what(direct))
+                except BaseException as exc:
+                    answers.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    try:
+        uploader = call(lambda c: c.put(b"into a job being deleted", job=job, name="a.jar"))
+        assert copied.wait(10), "the PUT never wrote its HA copy"
+        deleter = call(lambda c: c.delete_job(job))
+        time.sleep(0.5)  # what a deletion that did not wait would need, many times over
+        release.set()
+        uploader.join(20)
+        deleter.join(20)
+        assert not any(isinstance(answer, BaseException) for answer in answers), answers
+        assert store.names(uuid.UUID(job).bytes) == []
+        assert leader.server.storage.list_job(uuid.UUID(job).bytes) == []
+    finally:
+        release.set()
         leader.stop()
 
 
