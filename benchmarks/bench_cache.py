@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 
 from blobsvc import BlobClient, BlobServer, Settings
-from blobsvc._measure import fan_out_seconds
+from blobsvc.bench._measure import fan_out_seconds
 
 CHUNK = 16 << 20
 

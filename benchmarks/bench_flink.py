@@ -50,7 +50,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Protocol, cast
 
-from blobsvc._measure import (
+from blobsvc.bench._measure import (
     IO_TIMEOUT,
     START_TIMEOUT,
     STOP_TIMEOUT,

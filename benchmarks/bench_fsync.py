@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from blobsvc import _measure as m
+from blobsvc.bench import _measure as m
 
 SIZE = 4096
 

@@ -44,8 +44,8 @@ from benchmarks.bench_server import (
     small_puts,
 )
 from blobsvc import BlobServer, Settings
-from blobsvc._protocol import ContentKey, GetRequest
-from blobsvc.metrics import ServerMetrics
+from blobsvc.server.metrics import ServerMetrics
+from blobsvc.wire._protocol import ContentKey, GetRequest
 
 KEYS = 1024
 ROUND_SECONDS = 1.0

@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from blobsvc import _measure as m
+from blobsvc.bench import _measure as m
 
 SIZE = 4096
 WARMUP_OPS = 300  # before the timed load: the server's worker threads exist by then

@@ -19,7 +19,7 @@ What is measured (see benchmarks/RESULTS.md for figures and what limits each):
 * ``baseline_read_send``: ``baseline_sendfile`` with the sender doing ``pread`` + ``sendall``
   of 1 MiB chunks instead: what a well-made copy path could do.
 * ``put_<size>`` / ``get_<size>``: one large blob through the server, driven by a lean
-  client that speaks the protocol with :mod:`blobsvc._protocol` and moves the body exactly as
+  client that speaks the protocol with :mod:`blobsvc.wire._protocol` and moves the body exactly as
   the baselines do (``os.sendfile`` up, ``recv_into`` a preallocated buffer down), so the
   ratio to the baseline is the server's own cost. Each PUT stores a new object (the blob is
   deleted before it); the GET's bytes are hashed and checked afterwards.
@@ -56,7 +56,7 @@ from typing import cast
 
 import blake3
 
-from blobsvc._measure import (
+from blobsvc.bench._measure import (
     ALWAYS_COPY,
     ALWAYS_SENDFILE,
     CONNECTIONS,
@@ -88,7 +88,7 @@ from blobsvc._measure import (
 )
 from blobsvc.client import AsyncBlobClient
 
-# What other benchmarks import from here (some of it lives in blobsvc._measure now).
+# What other benchmarks import from here (some of it lives in blobsvc.bench._measure now).
 __all__ = [
     "SMALL_MAX_OPS",
     "SMALL_MAX_SECONDS",

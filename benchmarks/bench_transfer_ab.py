@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from blobsvc import _measure as m
+from blobsvc.bench import _measure as m
 
 OPS = ("put", "get", "get_file")
 BASELINE = {"put": "baseline_write_fsync", "get": "baseline_sendfile", "get_file": "baseline_sendfile"}

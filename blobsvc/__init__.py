@@ -33,13 +33,13 @@ from ._exceptions import (
     UnsupportedVersion,
     WriteTimeout,
 )
-from ._ids import digest_of, new_job_id
-from ._tls import client_tls_context, server_tls_context
 from .cache import BlobCache
 from .client import AsyncBlobClient, BlobClient, BlobInfo
 from .config import Settings
 from .server import BlobServer
 from .storage import BlobStorage
+from .wire._ids import digest_of, new_job_id
+from .wire._tls import client_tls_context, server_tls_context
 
 __all__ = [
     "AsyncBlobClient",

@@ -52,11 +52,14 @@ from ._exceptions import (
     TransportError,
     error_for_code,
 )
-from ._filewrite import preallocate, pwrite_all
-from ._ids import JobLike, KeyLike, hash_file, job_bytes, key_bytes
-from ._netio import SocketStream, connect
-from ._pages import address_of, fresh_bytearray, prefault
-from ._protocol import (
+from .config import DEFAULT_PORT, Settings, parse_address
+from .ha.discovery import LeaderResolver, is_zk_url
+from .storage._filewrite import preallocate, pwrite_all
+from .storage._pages import address_of, fresh_bytearray, prefault
+from .storage._writeback import fsync_dir, start_writeback
+from .wire._ids import JobLike, KeyLike, hash_file, job_bytes, key_bytes
+from .wire._netio import SocketStream, connect
+from .wire._protocol import (
     CLOSED,
     NEED_DATA,
     AuthOk,
@@ -90,11 +93,8 @@ from ._protocol import (
     StatusRequest,
     WholeJob,
 )
-from ._threads import wait_out
-from ._tls import client_context_for
-from ._writeback import fsync_dir, start_writeback
-from .config import DEFAULT_PORT, Settings, parse_address
-from .ha.discovery import LeaderResolver, is_zk_url
+from .wire._threads import wait_out
+from .wire._tls import client_context_for
 
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
 
@@ -351,7 +351,7 @@ class _FileSink(_Sink):
     writes (``os.pwrite``) in turn, so a download holds at most ``BODY_BUFFERS`` of them in
     memory, whatever the blob's size. The file gets the disk blocks of the whole blob before
     its first byte, and each buffer is written in pieces the page cache takes cheaply (see
-    :mod:`blobsvc._filewrite`). With ``fsync`` the disk starts on each written buffer at once
+    :mod:`blobsvc.storage._filewrite`). With ``fsync`` the disk starts on each written buffer at once
     (the caller fsyncs at the end). ``fd`` stays the caller's to close."""
 
     def __init__(self, fd: int, size: int = 0, hasher: Any = None, *, fsync: bool = False) -> None:

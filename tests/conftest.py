@@ -26,8 +26,8 @@ import blake3
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobServer, Settings
-from blobsvc._protocol import ContentKey, JobBlob
 from blobsvc.storage import BlobStorage
+from blobsvc.wire._protocol import ContentKey, JobBlob
 
 
 @pytest.fixture

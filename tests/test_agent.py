@@ -20,15 +20,14 @@ import blake3
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobCache, BlobClient, Settings, new_job_id
-from blobsvc._protocol import ContentKey, JobBlob
 from blobsvc.agent._heartbeat import Heartbeats
 from blobsvc.agent._source import CacheSource
 from blobsvc.config import package_version
 from blobsvc.http import blob_url
-
-from .agent_helpers import AgentProcess, run_agent, start_agent
-from .conftest import ServerThread
-from .test_cache_faults import FaultyProxy, running
+from blobsvc.wire._protocol import ContentKey, JobBlob
+from tests.agent_helpers import AgentProcess, run_agent, start_agent
+from tests.conftest import ServerThread
+from tests.test_cache_faults import FaultyProxy, running
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,8 +16,7 @@ import trustme
 from click.testing import CliRunner
 
 from blobsvc.cli import main
-
-from .conftest import ServerProcess
+from tests.conftest import ServerProcess
 
 
 @pytest.mark.slow

@@ -21,8 +21,7 @@ import pytest
 
 from blobsvc import BlobClient, InvalidArgumentType, LocalProtocolError, new_job_id
 from blobsvc.cache import BlobCache, CacheFull, TooLargeForCache
-
-from .conftest import ServerThread
+from tests.conftest import ServerThread
 
 MiB = 1 << 20
 

@@ -16,8 +16,7 @@ from click.testing import CliRunner
 
 from blobsvc import BlobClient, new_job_id
 from blobsvc.cli import main
-
-from .conftest import ServerProcess, ServerThread
+from tests.conftest import ServerProcess, ServerThread
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:

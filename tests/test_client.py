@@ -39,8 +39,7 @@ from blobsvc import (
     new_job_id,
 )
 from blobsvc.client import BODY_BUFFER, BODY_BUFFERS
-
-from .conftest import CuttingProxy, ServerProcess, ServerThread, address_text
+from tests.conftest import CuttingProxy, ServerProcess, ServerThread, address_text
 
 SIZES = [0, 1, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 10 << 20]
 

@@ -35,8 +35,7 @@ from blobsvc import (
 )
 from blobsvc.cli import main
 from blobsvc.storage import Publication, StagedUpload
-
-from .conftest import CuttingProxy, assert_no_staging
+from tests.conftest import CuttingProxy, assert_no_staging
 
 HELLO = b"BLOB\x01\x00"
 STEP = 5.0

@@ -9,7 +9,7 @@ import pytest
 import blobsvc
 from blobsvc import RemoteProtocolError, ServerError
 from blobsvc._exceptions import ERRORS, error_for_code
-from blobsvc._protocol import ErrorFrame
+from blobsvc.wire._protocol import ErrorFrame
 
 SPEC_CODES = {
     1: ("BadRequest", False),

@@ -24,7 +24,9 @@ import uvloop
 
 from blobsvc import AsyncBlobClient, BlobServer, NotFound, Settings
 from blobsvc import server as server_module
-from blobsvc._protocol import (
+from blobsvc.ha import Standalone
+from blobsvc.storage import BlobStorage, Publication
+from blobsvc.wire._protocol import (
     ContentKey,
     Data,
     GetRequest,
@@ -33,12 +35,9 @@ from blobsvc._protocol import (
     ServerConnection,
     encode_request,
 )
-from blobsvc.ha import Standalone
-from blobsvc.storage import BlobStorage, Publication
-
-from .conftest import assert_no_staging, staging_files
-from .test_metrics import scrape, value
-from .test_server_faults import (
+from tests.conftest import assert_no_staging, staging_files
+from tests.test_metrics import scrape, value
+from tests.test_server_faults import (
     AUTH,
     AUTH_REQUIRED,
     BAD_OFFSET,

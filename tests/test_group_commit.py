@@ -23,11 +23,10 @@ import blake3
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobError, BlobServer, DigestMismatch, InternalError, NotFound
-from blobsvc._commit import GroupCommitter
-from blobsvc._protocol import ContentKey, JobBlob
 from blobsvc.storage import BlobStorage, Publication
-
-from .conftest import ServerProcess
+from blobsvc.storage._commit import GroupCommitter
+from blobsvc.wire._protocol import ContentKey, JobBlob
+from tests.conftest import ServerProcess
 
 JOB = bytes(range(16))
 

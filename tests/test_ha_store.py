@@ -18,9 +18,9 @@ import blake3
 import pytest
 
 from blobsvc import BlobStorage, DigestMismatch, NotLeader
-from blobsvc._protocol import ContentKey, JobBlob, WholeJob
 from blobsvc.ha import FileSystemBlobStore, open_blob_store
 from blobsvc.ha.store import _name_hash
+from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
 
 
 @pytest.fixture(params=["directory", "file-url", "memory-url"])

@@ -27,14 +27,13 @@ from click.testing import CliRunner
 from kazoo.client import KazooClient
 
 from blobsvc import BlobCache, BlobClient, DigestMismatch, NotFound, NotLeader, Settings, new_job_id
-from blobsvc._protocol import ContentKey, JobBlob, WholeJob
 from blobsvc.cli import main
 from blobsvc.ha import discovery
 from blobsvc.ha.discovery import ZkPaths
-
-from .conftest import ServerThread
-from .test_cache_faults import FaultyProxy
-from .zk import HaServer, ZooKeeper, wait_for_leader
+from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
+from tests.conftest import ServerThread
+from tests.test_cache_faults import FaultyProxy
+from tests.zk import HaServer, ZooKeeper, wait_for_leader
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -17,11 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from blobsvc import AsyncBlobClient, AuthRequired, BadRequest, BlobClient, BlobServer, Settings, new_job_id
-from blobsvc._protocol import MAX_HEARTBEAT_BYTES, MAX_STATUS_BYTES
 from blobsvc.cli import main
-from blobsvc.hosts import COUNTERS, FORGET_AFTER, MAX_HOSTS, HostRegistry, HostReport
-
-from .conftest import ServerThread
+from blobsvc.server.hosts import COUNTERS, FORGET_AFTER, MAX_HOSTS, HostRegistry, HostReport
+from blobsvc.wire._protocol import MAX_HEARTBEAT_BYTES, MAX_STATUS_BYTES
+from tests.conftest import ServerThread
 
 LOST_AFTER = 0.5
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobServer, NotFound, new_job_id
-from blobsvc._hotblobs import HotBlob, HotBlobs
-from blobsvc._protocol import ContentKey, JobBlob
+from blobsvc.storage._hotblobs import HotBlob, HotBlobs
+from blobsvc.wire._protocol import ContentKey, JobBlob
 
 KEY = ContentKey(bytes(32))
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from blobsvc import BlobClient, Settings
-
-from .agent_helpers import run_agent
-from .conftest import ServerThread
+from tests.agent_helpers import run_agent
+from tests.conftest import ServerThread
 
 
 class Face:

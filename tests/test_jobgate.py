@@ -1,11 +1,11 @@
-"""Job gates (blobsvc._jobgate): writes into a job share its gate, a deletion holds it alone
+"""Job gates (blobsvc.server._jobgate): writes into a job share its gate, a deletion holds it alone
 and goes before writes that arrive after it, and nothing is kept once nobody uses a gate."""
 
 from __future__ import annotations
 
 import asyncio
 
-from blobsvc._jobgate import JobGates
+from blobsvc.server._jobgate import JobGates
 
 JOB, OTHER = b"j" * 16, b"o" * 16
 

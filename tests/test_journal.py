@@ -1,4 +1,4 @@
-"""The journal of small publications, and the promises of :mod:`blobsvc._journal`, one by one.
+"""The journal of small publications, and the promises of :mod:`blobsvc.storage._journal`, one by one.
 
 Real files throughout. A power cut cannot be made here: the tests that stand for one say
 so, and make its effect by hand (an object's bytes or a name that never reached the disk)
@@ -17,12 +17,11 @@ from pathlib import Path
 import blake3
 import pytest
 
-from blobsvc import NotFound, _journal
-from blobsvc._journal import Journal, Record
-from blobsvc._protocol import ContentKey, JobBlob, WholeJob
-from blobsvc.storage import BlobStorage, Publication
-
-from .conftest import put_streamed, read_blob
+from blobsvc import NotFound
+from blobsvc.storage import BlobStorage, Publication, _journal
+from blobsvc.storage._journal import Journal, Record
+from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
+from tests.conftest import put_streamed, read_blob
 
 JOB = bytes(range(16))
 

@@ -10,7 +10,8 @@ import pytest
 
 from blobsvc import AsyncBlobClient, BlobServer, DigestMismatch, NotFound, RemoteProtocolError
 from blobsvc import client as client_module
-from blobsvc._protocol import (
+from blobsvc.storage import BlobStorage
+from blobsvc.wire._protocol import (
     ClientConnection,
     ContentKey,
     ErrorFrame,
@@ -22,11 +23,9 @@ from blobsvc._protocol import (
     ServerHello,
     encode_request,
 )
-from blobsvc.storage import BlobStorage
-
-from .conftest import put_streamed as put
-from .conftest import read_blob as read
-from .test_protocol import JOB, KEY, MODES, feed, server_after_hello
+from tests.conftest import put_streamed as put
+from tests.conftest import read_blob as read
+from tests.test_protocol import JOB, KEY, MODES, feed, server_after_hello
 
 OTHER_JOB = bytes(range(1, 17))
 

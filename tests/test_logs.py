@@ -14,8 +14,7 @@ import pytest
 
 from blobsvc import BlobClient, NotFound, new_job_id
 from blobsvc.http import blob_url
-
-from .conftest import ServerProcess
+from tests.conftest import ServerProcess
 
 Spawn = Callable[..., ServerProcess]
 SECRET = b"correct horse battery staple"

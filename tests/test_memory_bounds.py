@@ -20,8 +20,7 @@ import blake3
 import pytest
 
 from blobsvc import BlobClient, Settings
-
-from .conftest import ServerThread
+from tests.conftest import ServerThread
 
 BLOB = 192 << 20
 PEAK_LIMIT = 128 << 20  # far under the blob; a Python process with blobsvc loaded uses ~50 MiB

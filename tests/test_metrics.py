@@ -18,11 +18,10 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from blobsvc import AsyncBlobClient, BlobServer, Busy, NotFound, Settings
-from blobsvc._protocol import ClientConnection, ContentKey, GetRequest, Hello, PutRequest
 from blobsvc.cli import main
 from blobsvc.storage import MEMORY_STAGING_LIMIT
-
-from .conftest import address_text
+from blobsvc.wire._protocol import ClientConnection, ContentKey, GetRequest, Hello, PutRequest
+from tests.conftest import address_text
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

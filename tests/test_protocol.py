@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from blobsvc import ConnectionClosed, InvalidArgument, LocalProtocolError, RemoteProtocolError
-from blobsvc._protocol import (
+from blobsvc.wire._protocol import (
     CLOSED,
     MAX_HEARTBEAT_BYTES,
     MAX_NAME_BYTES,

@@ -15,10 +15,9 @@ import time
 
 import pytest
 
-import blobsvc._netio
+import blobsvc.wire._netio
 from blobsvc import AsyncBlobClient, BlobError, NotFound
-
-from .test_server_faults import (
+from tests.test_server_faults import (
     HELLO,
     MISSING_KEY,
     NOT_FOUND,
@@ -82,7 +81,7 @@ async def test_a_body_slower_than_the_minimum_rate_is_cut_off(
 ) -> None:
     """A body sent in steady small pieces, each within ``io_timeout``, but slower on average
     than the minimum rate. The rate is raised for the test so that a second shows it."""
-    monkeypatch.setattr(blobsvc._netio, "MIN_BODY_RATE", 100_000)
+    monkeypatch.setattr(blobsvc.wire._netio, "MIN_BODY_RATE", 100_000)
     io_timeout = 0.5
     server = await start_server(io_timeout=io_timeout, idle_timeout=30.0)
     size = 100_000  # allowed io_timeout + 1 s; sent at 20 kB/s it would take 5 s

@@ -19,10 +19,9 @@ import pytest
 
 from blobsvc import InvalidArgument, Settings
 from blobsvc.spark import Shipped, publish
-
-from .agent_helpers import AgentProcess, run_agent
-from .conftest import ServerThread
-from .spark_helpers import compile_udf_jar, start_session
+from tests.agent_helpers import AgentProcess, run_agent
+from tests.conftest import ServerThread
+from tests.spark_helpers import compile_udf_jar, start_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
 

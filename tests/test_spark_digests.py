@@ -9,8 +9,8 @@ from pathlib import Path
 import blake3
 import pytest
 
-from blobsvc import _digests
-from blobsvc._digests import file_digest
+from blobsvc.driver import _digests
+from blobsvc.driver._digests import file_digest
 
 
 def aged(path: Path, data: bytes) -> Path:

@@ -17,8 +17,7 @@ from pyspark import SparkConf
 
 from blobsvc import BlobClient, InvalidArgument, Settings
 from blobsvc.spark import NotOwner, Shipped, UnknownArtifact, publish
-
-from .conftest import ServerThread
+from tests.conftest import ServerThread
 
 
 class Conf:

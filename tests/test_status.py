@@ -11,8 +11,7 @@ from click.testing import CliRunner
 
 from blobsvc import AsyncBlobClient, AuthRequired, BlobServer, Settings, new_job_id
 from blobsvc.cli import main
-
-from .conftest import ServerThread
+from tests.conftest import ServerThread
 
 
 async def test_status_tells_what_the_server_stores_and_serves(server: BlobServer, client: AsyncBlobClient) -> None:

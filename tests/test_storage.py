@@ -11,12 +11,11 @@ import blake3
 import pytest
 
 from blobsvc import DigestMismatch, NotFound
-from blobsvc._layout import decode_name, encode_name
-from blobsvc._protocol import ContentKey, JobBlob, WholeJob
 from blobsvc.storage import BlobStorage
-
-from .conftest import put_streamed as put
-from .conftest import read_blob as read
+from blobsvc.storage._layout import decode_name, encode_name
+from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
+from tests.conftest import put_streamed as put
+from tests.conftest import read_blob as read
 
 JOB = bytes(range(16))
 OTHER_JOB = bytes(range(1, 17))

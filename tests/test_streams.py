@@ -11,8 +11,7 @@ import threading
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobServer, DigestMismatch
-
-from .conftest import CuttingProxy
+from tests.conftest import CuttingProxy
 
 
 async def test_a_put_from_a_pipe_is_retried_after_a_cut(server: BlobServer) -> None:

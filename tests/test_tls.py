@@ -29,8 +29,7 @@ from blobsvc import (
     new_job_id,
 )
 from blobsvc.cli import main
-
-from .conftest import ServerThread
+from tests.conftest import ServerThread
 
 
 @dataclass

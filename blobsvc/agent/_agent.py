@@ -9,16 +9,16 @@ import socket
 from collections import Counter
 from typing import Any
 
-from .._netio import SocketStream, bind_listener
-from .._observe import RequestObserver
-from .._protocol import ContentKey, JobBlob
-from .._slots import Slots
-from .._tls import client_context_for
 from ..cache import BlobCache
 from ..client import AsyncBlobClient
 from ..config import Settings, package_version, parse_port_range
 from ..http import HttpConnection, HttpFace, HttpRequest, HttpResponse, text_response
+from ..http._observe import RequestObserver
+from ..http._slots import Slots
 from ..storage import OpenBlob
+from ..wire._netio import SocketStream, bind_listener
+from ..wire._protocol import ContentKey, JobBlob
+from ..wire._tls import client_context_for
 from ._heartbeat import Heartbeats
 from ._source import CacheSource
 

@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .._exceptions import BlobError, NotFound
-from .._protocol import ContentKey, JobBlob
 from ..cache import BlobCache, CacheError
 from ..http import HttpError
 from ..storage import OpenBlob
+from ..wire._protocol import ContentKey, JobBlob
 
 __all__ = ["FETCH_THREADS", "CacheSource"]
 

@@ -41,11 +41,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .._exceptions import NotFound
+from ..client import AsyncBlobClient
+from ..config import Settings
+from ..wire._tls import client_context_for
 from . import _measure as m
-from ._exceptions import NotFound
-from ._tls import client_context_for
-from .client import AsyncBlobClient
-from .config import Settings
 
 __all__ = ["Plan", "plot", "run", "steps", "table"]
 

@@ -45,7 +45,9 @@ from typing import Any, Protocol, cast
 
 import blake3
 
-from ._protocol import (
+from ..cache import BlobCache
+from ..config import Settings
+from ..wire._protocol import (
     AuthOk,
     AuthRequest,
     ClientConnection,
@@ -64,9 +66,7 @@ from ._protocol import (
     Signal,
     encode_request,
 )
-from ._tls import client_context_for
-from .cache import BlobCache
-from .config import Settings
+from ..wire._tls import client_context_for
 
 MB = 1_000_000
 MiB = 1 << 20
@@ -370,7 +370,7 @@ def receive_write_fsync(sock: socket.socket, path: Path, count: int) -> None:
 
 # The sender of a baseline runs in its own process, as the server does: two threads of one
 # process moving the same bytes measured 10-30% slower than two processes on this machine.
-BASELINE_SENDER = "from blobsvc._measure import baseline_sender; baseline_sender()"
+BASELINE_SENDER = "from blobsvc.bench._measure import baseline_sender; baseline_sender()"
 SENDERS: dict[str, Callable[[socket.socket, int, int], None]] = {
     "sendfile": sendfile_all,
     "read_send": copy_send_all,
@@ -419,7 +419,7 @@ def baseline_transfer(how: str, source: Path, size: int, receive: Callable[[sock
 
 class RawClient:
     """One blocking connection to the server. Frames are encoded and parsed by
-    :class:`blobsvc._protocol.ClientConnection`; large bodies bypass it and move exactly as
+    :class:`blobsvc.wire._protocol.ClientConnection`; large bodies bypass it and move exactly as
     the baselines move them."""
 
     def __init__(self, port: int) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 
 from .. import config
 from .._exceptions import BadOffset, BlobError, DigestMismatch, InvalidArgument, InvalidArgumentType
-from .._ids import JobLike, KeyLike, job_bytes, key_bytes
-from .._protocol import name_error
 from ..client import BlobClient
+from ..wire._ids import JobLike, KeyLike, job_bytes, key_bytes
+from ..wire._protocol import name_error
 from ._store import CacheStats, CacheStore, CollectReport, RecoveryReport
 
 __all__ = ["DEFAULT_CLEANUP_INTERVAL", "DEFAULT_MAX_BYTES", "BlobCache", "JobBlobs"]

@@ -22,19 +22,19 @@ from typing import Any, TypeVar
 
 import click
 
-from . import _spark_conf
+from .._exceptions import BlobError, InvalidArgument
+from ..agent import Agent
+from ..client import AsyncBlobClient, BlobInfo, Progress
+from ..config import LOG_FORMATS, LOG_LEVELS, Settings, parse_size
+from ..driver import _spark_conf
+from ..http import blob_url
+from ..server import BlobServer
+from ..server._logs import configure as configure_logs
+from ..server._logs import log_recovery
+from ..server.metrics import MetricsUnavailable
+from ..wire._tls import client_context_for
 from ._cache_cli import cache
 from ._cli_settings import CONFIG_HELP, config_option, load_settings, setting_option
-from ._exceptions import BlobError, InvalidArgument
-from ._logs import configure as configure_logs
-from ._logs import log_recovery
-from ._tls import client_context_for
-from .agent import Agent
-from .client import AsyncBlobClient, BlobInfo, Progress
-from .config import LOG_FORMATS, LOG_LEVELS, Settings, parse_size
-from .http import blob_url
-from .metrics import MetricsUnavailable
-from .server import BlobServer
 
 __all__ = ["main"]
 
@@ -634,8 +634,8 @@ def bench(
     --size and --connections measure only those cells of the matrix (and no fan-out), for
     example `blobsvc bench --size 4KiB --connections 32`.
     """
-    from . import _measure
-    from . import bench as benchmark
+    from .. import bench as benchmark
+    from ..bench import _measure
 
     if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise click.ClickException("--plot needs matplotlib: pip install 'blobsvc[bench]'")
@@ -665,7 +665,7 @@ def bench(
 
 
 def _bench_sizes(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[int, ...]:
-    from .bench import MIN_SIZE
+    from ..bench import MIN_SIZE
 
     sizes = []
     for value in values:

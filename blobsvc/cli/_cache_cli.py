@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 import click
 
+from ..cache import CacheStore
+from ..config import ENV_PREFIX
 from ._cli_settings import config_option, load_settings, setting_option
-from .cache import CacheStore
-from .config import ENV_PREFIX
 
 __all__ = ["cache"]
 

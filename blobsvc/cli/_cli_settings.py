@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .config import Settings
+from ..config import Settings
 
 __all__ = ["config_option", "load_settings", "setting_option"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import blake3
 
-from ._ids import hash_file
+from ..wire._ids import hash_file
 
 __all__ = ["RACY_SECONDS", "file_digest"]
 

@@ -14,12 +14,12 @@ import os
 import re
 from pathlib import Path
 
+from .._exceptions import InvalidArgument, NotFound
+from ..client import BlobClient
+from ..config import Settings
+from ..http import blob_url
+from ..wire._tls import client_context_for
 from ._digests import file_digest
-from ._exceptions import InvalidArgument, NotFound
-from ._tls import client_context_for
-from .client import BlobClient
-from .config import Settings
-from .http import blob_url
 
 __all__ = [
     "ARCHIVE_SUFFIXES",
@@ -95,7 +95,7 @@ def blob_client(settings: Settings) -> BlobClient:
 def ship(client: BlobClient, path: Path, digests: Path | None) -> tuple[str, bool]:
     """Store the file at ``path`` as a content blob; returns its hex key and whether its bytes
     were sent (not when the server holds them already). ``digests`` remembers the digests of
-    unchanged files (see :mod:`blobsvc._digests`)."""
+    unchanged files (see :mod:`blobsvc.driver._digests`)."""
     key = file_digest(path, digests)
     try:
         return client.stat(key).key, False

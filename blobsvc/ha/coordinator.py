@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import NotLeader
-from .._layout import key_from_filename
-from .._protocol import ContentKey, JobBlob, WholeJob
 from ..config import Settings
 from ..storage import BlobStorage, StagedUpload
+from ..storage._layout import key_from_filename
+from ..wire._protocol import ContentKey, JobBlob, WholeJob
 from .discovery import INSTALL_HINT, ZkPaths, check_cluster_id, connect_zookeeper, require_kazoo
 from .store import FileSystemBlobStore, open_blob_store
 
@@ -55,7 +55,7 @@ class Standalone:
     """Whether :meth:`store` does anything: the server skips the call when it does not."""
     confirms_acknowledgements = False
     """Whether :meth:`acknowledge` asks anyone: when neither it nor :meth:`store` does, a
-    small PUT may be answered from the event loop's reader callback (:mod:`blobsvc._fastpath`)."""
+    small PUT may be answered from the event loop's reader callback (:mod:`blobsvc.server._fastpath`)."""
 
     async def start(self, address: tuple[str, int], storage: BlobStorage) -> None:
         pass

@@ -59,9 +59,9 @@ from typing import Any, NamedTuple, Protocol
 import blake3
 
 from .._exceptions import DigestMismatch, NotFound, NotLeader
-from .._protocol import KEY_SIZE, ContentKey, JobBlob, WholeJob
-from .._writeback import fsync_dir
 from ..storage import _LockTable, make_dirs
+from ..storage._writeback import fsync_dir
+from ..wire._protocol import KEY_SIZE, ContentKey, JobBlob, WholeJob
 
 __all__ = ["BlobStore", "FileSystemBlobStore", "VoidBlobStore", "open_blob_store"]
 

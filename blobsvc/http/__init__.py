@@ -41,7 +41,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import h11
 
-from ._exceptions import (
+from .._exceptions import (
     DigestMismatch,
     InternalError,
     InvalidArgument,
@@ -51,13 +51,13 @@ from ._exceptions import (
     TransportError,
     WriteTimeout,
 )
-from ._ids import JobLike, KeyLike, job_bytes, key_bytes
-from ._netio import SocketStream, body_deadline, header_deadline
+from ..config import Settings
+from ..storage import OpenBlob
+from ..wire._ids import JobLike, KeyLike, job_bytes, key_bytes
+from ..wire._netio import SocketStream, body_deadline, header_deadline
+from ..wire._protocol import MAGIC, ContentKey, JobBlob, name_error
 from ._observe import ABORTED, RequestObserver, http_outcome, op_name
-from ._protocol import MAGIC, ContentKey, JobBlob, name_error
 from ._slots import Connection, Slots
-from .config import Settings
-from .storage import OpenBlob
 
 __all__ = [
     "BlobOpener",

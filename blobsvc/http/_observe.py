@@ -13,8 +13,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ._exceptions import ERRORS
-from ._netio import SocketStream
+from .._exceptions import ERRORS
+from ..wire._netio import SocketStream
 
 __all__ = ["ABORTED", "RequestObserver", "http_outcome", "op_name", "outcome_name"]
 

@@ -18,8 +18,8 @@ import socket
 from collections.abc import Callable
 from typing import ClassVar
 
-from ._exceptions import TransportError
-from ._netio import SocketStream
+from .._exceptions import TransportError
+from ..wire._netio import SocketStream
 
 __all__ = ["Connection", "Slots"]
 

@@ -1,4 +1,4 @@
-"""The asyncio BlobServer: sockets in, :mod:`blobsvc._protocol` frames, :mod:`blobsvc.storage` calls.
+"""The asyncio BlobServer: sockets in, :mod:`blobsvc.wire._protocol` frames, :mod:`blobsvc.storage` calls.
 
 One task per connection runs the loop *read a frame, act, answer*. What keeps a bad client
 from hurting others:
@@ -19,7 +19,7 @@ from hurting others:
 
 Between requests a plain connection's task is parked: a reader callback answers GETs of hot
 small blobs and small PUTs that arrived whole on its own, and wakes the task for anything
-else (:mod:`blobsvc._fastpath`).
+else (:mod:`blobsvc.server._fastpath`).
 
 GET bodies go from the page cache to the socket with ``os.sendfile``. Blocking disk work
 that can take long (writing large chunks, fsync, deleting a job) runs in worker threads so
@@ -46,8 +46,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._commit import GroupCommitter
-from ._exceptions import (
+from .._exceptions import (
     AuthFailed,
     AuthRequired,
     BadOffset,
@@ -61,12 +60,15 @@ from ._exceptions import (
     TransportError,
     WriteTimeout,
 )
-from ._fastpath import FastPath
-from ._jobgate import JobGates
-from ._logs import log_request
-from ._netio import SocketStream, bind_listener, body_deadline, header_deadline
-from ._observe import ABORTED, RequestObserver, op_name
-from ._protocol import (
+from ..config import Settings, package_version
+from ..ha import HighAvailability, high_availability
+from ..http import HttpConnection, HttpFace, bad_request_bytes
+from ..http._observe import ABORTED, RequestObserver, op_name
+from ..http._slots import Connection, Slots
+from ..storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
+from ..storage._commit import GroupCommitter
+from ..wire._netio import SocketStream, bind_listener, body_deadline, header_deadline
+from ..wire._protocol import (
     NEED_DATA,
     AuthOk,
     AuthRequest,
@@ -97,14 +99,12 @@ from ._protocol import (
     StatusRequest,
     WholeJob,
 )
-from ._slots import Connection, Slots
-from ._threads import wait_out
-from ._tls import TlsStream, server_context_for
-from .config import Settings, package_version
-from .ha import HighAvailability, high_availability
+from ..wire._threads import wait_out
+from ..wire._tls import TlsStream, server_context_for
+from ._fastpath import FastPath
+from ._jobgate import JobGates
+from ._logs import log_request
 from .hosts import HostRegistry, HostReport, heartbeat_reply
-from .http import HttpConnection, HttpFace, bad_request_bytes
-from .storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -158,7 +158,7 @@ class BlobServer:
         self.http = HttpFace(self.open_blob, self._secret)
         """The HTTP face's routes (on when ``http_port`` is set); see :mod:`blobsvc.http`."""
         self.hosts = HostRegistry(self.settings.agent_lost_after)
-        """The executor hosts whose agents send heartbeats (see :mod:`blobsvc.hosts`)."""
+        """The executor hosts whose agents send heartbeats (see :mod:`blobsvc.server.hosts`)."""
         self.recovery: RecoveryReport | None = None
         self.requests: collections.Counter[str] = collections.Counter()
         """Requests served, by kind (``"GET"``, ``"PUT"``, …): for operators and tests."""
@@ -235,13 +235,13 @@ class BlobServer:
         return self.storage.open_blob(target)
 
     def writing_into(self, target: JobBlob | None) -> contextlib.AbstractAsyncContextManager[None]:
-        """What a PUT or LINK holds from its HA copy to its local one (:mod:`blobsvc._jobgate`)."""
+        """What a PUT or LINK holds from its HA copy to its local one (:mod:`blobsvc.server._jobgate`)."""
         if isinstance(target, JobBlob) and self.ha.copies_uploads:
             return self.gates.writing(target.job)
         return contextlib.nullcontext()
 
     def deleting_in(self, target: ContentKey | JobBlob | WholeJob) -> contextlib.AbstractAsyncContextManager[None]:
-        """What a DELETE holds while it removes both copies (:mod:`blobsvc._jobgate`)."""
+        """What a DELETE holds while it removes both copies (:mod:`blobsvc.server._jobgate`)."""
         if isinstance(target, JobBlob | WholeJob) and self.ha.copies_uploads:
             return self.gates.deleting(target.job)
         return contextlib.nullcontext()

@@ -7,14 +7,14 @@ the connection's parser and answers what it can on the spot. A coroutine step, a
 timer and a reader registration per request is what made a small request cost tens of µs of
 the event loop's time on top of its own work.
 
-* A GET of a blob in :class:`~blobsvc._hotblobs.HotBlobs` is answered with one ``send`` of
+* A GET of a blob in :class:`~blobsvc.storage._hotblobs.HotBlobs` is answered with one ``send`` of
   the reply encoded when the entry was made: a ``recv``, a parse, a dictionary lookup and a
   ``send``.
 * A PUT whose header, every body byte and trailer are already buffered, announced at most
   :data:`~blobsvc.storage.MEMORY_STAGING_LIMIT` bytes (and ``max_blob_size``), on an
   authenticated connection of a server whose HA neither copies uploads nor confirms
   acknowledgements (standalone), is staged in memory and hashed here, and handed to the
-  :class:`~blobsvc._commit.GroupCommitter`. Until its publication is done the socket is not
+  :class:`~blobsvc.storage._commit.GroupCommitter`. Until its publication is done the socket is not
   read, so replies stay in request order; the connection counts as busy meanwhile (shutdown
   lets it finish; it is never closed to make room for a newcomer). When the publication is
   done its callback answers PutOk, or the error frame of a refusal that keeps the connection
@@ -44,10 +44,11 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from ._exceptions import InternalError, ReadTimeout, ServerError
-from ._netio import connection_closed
-from ._observe import ABORTED
-from ._protocol import (
+from .._exceptions import InternalError, ReadTimeout, ServerError
+from ..http._observe import ABORTED
+from ..storage import MEMORY_STAGING_LIMIT, StagedUpload
+from ..wire._netio import connection_closed
+from ..wire._protocol import (
     CLOSED,
     NEED_DATA,
     ErrorFrame,
@@ -57,11 +58,10 @@ from ._protocol import (
     ServerEvent,
     Signal,
 )
-from ._threads import wait_out
-from .storage import MEMORY_STAGING_LIMIT, StagedUpload
+from ..wire._threads import wait_out
 
 if TYPE_CHECKING:
-    from .server import _Connection
+    from . import _Connection
 
 __all__ = ["FastPath"]
 

@@ -15,9 +15,9 @@ import logging
 import sys
 from typing import Any
 
-from ._observe import op_name, outcome_name
-from ._protocol import ContentKey, JobBlob, ListRequest, WholeJob
-from .storage import RecoveryReport
+from ..http._observe import op_name, outcome_name
+from ..storage import RecoveryReport
+from ..wire._protocol import ContentKey, JobBlob, ListRequest, WholeJob
 
 __all__ = ["JsonFormatter", "configure", "log_recovery", "log_request", "target_text"]
 

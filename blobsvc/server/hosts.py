@@ -43,14 +43,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._exceptions import BadRequest, InvalidArgument
-from ._ids import shown
-from ._protocol import MAX_HEARTBEAT_BYTES
-from .config import parse_address
+from .._exceptions import BadRequest, InvalidArgument
+from ..config import parse_address
+from ..wire._ids import shown
+from ..wire._protocol import MAX_HEARTBEAT_BYTES
 
 __all__ = ["FORGET_AFTER", "MAX_HOSTS", "HostRecord", "HostRegistry", "HostReport", "forget_after", "heartbeat_reply"]
 
-log = logging.getLogger("blobsvc.hosts")
+log = logging.getLogger("blobsvc.server.hosts")
 
 # Far more executor hosts than one Spark cluster has. A listed host is at most ~900 bytes of
 # STATUS (its texts bounded below, its counters u64s), so all of them fit in one STATUS

@@ -29,16 +29,16 @@ from bisect import bisect_left as _bisect
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ._observe import op_name, outcome_name
+from ..http._observe import op_name, outcome_name
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from prometheus_client.registry import CollectorRegistry
 
-    from ._netio import SocketStream
-    from .http import HttpFace, HttpRequest, HttpResponse
-    from .server import BlobServer
+    from ..http import HttpFace, HttpRequest, HttpResponse
+    from ..wire._netio import SocketStream
+    from . import BlobServer
 
 __all__ = ["BUCKETS", "EXTRA", "MetricsUnavailable", "ServerMetrics"]
 
@@ -198,7 +198,7 @@ class ServerMetrics:
     async def _http_scrape(self, request: HttpRequest) -> HttpResponse:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        from .http import HttpResponse, text_response
+        from ..http import HttpResponse, text_response
 
         if request.path.rstrip("/") != "/metrics":
             return text_response(404, "the metrics are at /metrics")

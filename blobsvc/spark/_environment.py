@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from .. import _spark_conf
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from ..driver import _spark_conf
 from ._publish import CONF_KEYS, conf_settings
 
 __all__ = ["environment"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .._spark_conf import URL_LIFETIME
+from ..driver._spark_conf import URL_LIFETIME
 from ..http import blob_url
 from ._artifacts import Source
 from ._handle import Shipped

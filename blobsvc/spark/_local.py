@@ -28,9 +28,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._tls import client_context_for
 from ..cache import BlobCache
 from ..config import Settings
+from ..wire._tls import client_context_for
 from ._archives import archive_kind, prune, unpack
 from ._artifacts import Artifact, Kind
 

@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .._digests import file_digest
 from .._exceptions import InvalidArgument
-from .._ids import new_job_id
-from .._tls import client_context_for
 from ..client import BlobClient
 from ..config import Settings
+from ..driver._digests import file_digest
+from ..wire._ids import new_job_id
+from ..wire._tls import client_context_for
 from ._artifacts import Artifact, Kind, Source, parse_source
 from ._handle import Shipped
 from ._jars import add_jars, is_connect
@@ -129,7 +129,7 @@ def _each(paths: Paths) -> list[str | os.PathLike[str]]:
 
 def _upload(client: BlobClient, job: str, sources: list[Source], digests: Path) -> tuple[tuple[Artifact, ...], int]:
     """Every source as a blob of ``job``; on any failure the half-published job is deleted.
-    Digests of unchanged files come from ``digests`` (see :mod:`blobsvc._digests`)."""
+    Digests of unchanged files come from ``digests`` (see :mod:`blobsvc.driver._digests`)."""
     artifacts = []
     sent = 0
     try:

@@ -1,6 +1,6 @@
 """The server's blobs on local disk: staging, atomic publication, sharing, deletion, recovery.
 
-The layout is drawn in :mod:`blobsvc._layout`. What this module promises, each pinned by
+The layout is drawn in :mod:`blobsvc.storage._layout`. What this module promises, each pinned by
 ``tests/test_storage.py``:
 
 1. **Nothing partial is ever visible, nothing acknowledged is lost.** An upload is written
@@ -8,7 +8,7 @@ The layout is drawn in :mod:`blobsvc._layout`. What this module promises, each p
    client's is it made durable and linked into ``objects/`` and under its name, before
    :meth:`BlobStorage.publish` returns. A large one is fsynced, and so are the directories
    of its names; a small one (held in memory) is durable by its record in the journal
-   (:mod:`blobsvc._journal`), which start-up replays.
+   (:mod:`blobsvc.storage._journal`), which start-up replays.
 2. **One copy per distinct content**, however many content-addressed or job-scoped names it
    has and however many uploads race to store it.
 3. **No staging file outlives its upload**: a failed, rejected or duplicate upload removes
@@ -47,13 +47,13 @@ from typing import TypeVar
 
 import blake3
 
-from ._exceptions import DigestMismatch, InsufficientStorage, InternalError, NotFound
+from .._exceptions import DigestMismatch, InsufficientStorage, InternalError, NotFound
+from ..wire._ids import hash_file
+from ..wire._protocol import ContentKey, JobBlob, ListEntry, WholeJob
 from ._filewrite import preallocate, pwrite_all
 from ._hotblobs import HotBlob, HotBlobs
-from ._ids import hash_file
 from ._journal import SEGMENT_BYTES, Journal, Record
 from ._layout import Layout, decode_name, key_from_filename
-from ._protocol import ContentKey, JobBlob, ListEntry, WholeJob
 from ._writeback import fsync_dir, start_writeback
 
 __all__ = ["BlobStorage", "OpenBlob", "Publication", "RecoveryReport", "StagedUpload"]
@@ -156,7 +156,7 @@ class StagedUpload:
     ``body`` (received whole) holds those bytes as they are, and hashes them only when its
     :meth:`digest` is asked for (by its publication, on a worker thread). One whose size is
     known (``reserve``) gets that many bytes of disk blocks with its file (see
-    :mod:`blobsvc._filewrite`).
+    :mod:`blobsvc.storage._filewrite`).
     """
 
     def __init__(self, path: str, *, in_memory: bool = False, body: bytearray | None = None, reserve: int = 0) -> None:
@@ -404,11 +404,11 @@ class BlobStorage:
         self._staging_prefix = os.path.join(self.layout.incoming, f"upload-{secrets.token_hex(8)}-")
         self._staged = itertools.count()
         self.hot = HotBlobs()
-        """Small blobs recently read, for the server's GETs (see :mod:`blobsvc._hotblobs`)."""
+        """Small blobs recently read, for the server's GETs (see :mod:`blobsvc.storage._hotblobs`)."""
 
     @property
     def journal(self) -> Journal:
-        """The journal of small publications (see :mod:`blobsvc._journal`), opened by :meth:`recover`."""
+        """The journal of small publications (see :mod:`blobsvc.storage._journal`), opened by :meth:`recover`."""
         assert self._opened_journal is not None, "recover() first"
         return self._opened_journal
 
@@ -894,7 +894,7 @@ class BlobStorage:
 
     def _replay(self, record: Record) -> bool:
         """Make the object and the name of a journal record as its publication left them
-        (rule 2 of :mod:`blobsvc._journal`); whether anything had to be made again. An
+        (rule 2 of :mod:`blobsvc.storage._journal`); whether anything had to be made again. An
         object's bytes are written again in place, so that every name linking it reads
         them; nothing is served yet."""
         obj = self.layout.object(record.key)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ._protocol import JobBlob
-from .storage import BlobStorage, Publication, StagedUpload
+from ..wire._protocol import JobBlob
+from . import BlobStorage, Publication, StagedUpload
 
 __all__ = ["GroupCommitter"]
 
@@ -47,7 +47,7 @@ class GroupCommitter:
     def publish(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> asyncio.Future[bytes]:
         """Publish like :meth:`BlobStorage.publish`, with whatever else is publishing now:
         the future of the key. A future, not a coroutine, so that a PUT costs no task of its
-        own; wait for it with :func:`~blobsvc._threads.wait_out`, never cancel it: the
+        own; wait for it with :func:`~blobsvc.wire._threads.wait_out`, never cancel it: the
         caller must not discard ``upload`` before it is done."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()

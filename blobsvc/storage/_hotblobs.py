@@ -24,7 +24,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from ._protocol import ContentKey, GetOk, JobBlob, encode_reply
+from ..wire._protocol import ContentKey, GetOk, JobBlob, encode_reply
 
 __all__ = ["HotBlob", "HotBlobs"]
 

@@ -61,8 +61,8 @@ from pathlib import Path
 
 import blake3
 
+from ..wire._protocol import JOB_SIZE, KEY_SIZE, JobBlob
 from ._filewrite import pwrite_all
-from ._protocol import JOB_SIZE, KEY_SIZE, JobBlob
 
 __all__ = ["Journal", "Record", "SEGMENT_BYTES"]
 

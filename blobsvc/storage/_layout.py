@@ -3,7 +3,7 @@
     <data dir>/
       incoming/               staging files of uploads in progress, and deleted jobs on
                               their way out; emptied at every start
-      journal/0, journal/1    records of small blobs not yet checkpointed (blobsvc._journal)
+      journal/0, journal/1    records of small blobs not yet checkpointed (blobsvc.storage._journal)
       objects/<key hex>       one file per distinct content: the only copy of its bytes
       cache/<key hex>         a content-addressed blob: a hard link to its object
       job_<job hex>/<name>    a job-scoped blob: a hard link to its object
@@ -24,7 +24,7 @@ import base64
 import binascii
 from pathlib import Path
 
-from ._protocol import JOB_SIZE, KEY_SIZE, name_error
+from ..wire._protocol import JOB_SIZE, KEY_SIZE, name_error
 
 __all__ = ["Layout", "decode_name", "encode_name"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import blake3
 
-from ._exceptions import InvalidArgument
+from .._exceptions import InvalidArgument
 from ._protocol import JOB_SIZE, KEY_SIZE
 
 __all__ = ["KeyLike", "JobLike", "digest_of", "hash_file", "key_bytes", "job_bytes", "new_job_id", "shown"]

@@ -18,7 +18,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
-from ._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTimeout, Timeout, WriteTimeout
+from .._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTimeout, Timeout, WriteTimeout
 
 _T = TypeVar("_T")
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ._exceptions import (
+from .._exceptions import (
     ERRORS,
     ConnectionClosed,
     InvalidArgument,
@@ -112,7 +112,7 @@ HTTP_REPLY = b"HTTP/"
 MAX_HTTP_HEAD = 8 << 10
 _HTTP_REQUEST = re.compile(rb"[A-Z]{3,7} [/*h]")
 # A STATUS document is a few hundred bytes of counters, HA adds a few fields, and the hosts
-# reporting to the server (blobsvc.hosts) add at most ~900 bytes each, for at most 10,000
+# reporting to the server (blobsvc.server.hosts) add at most ~900 bytes each, for at most 10,000
 # of them: 16 MiB holds them all while a client never buffers a "status" the size of a blob.
 MAX_STATUS_BYTES = 16 << 20
 # A heartbeat is a few hundred bytes of an agent's counters plus the jobs it holds, 35 bytes

@@ -1,5 +1,5 @@
 """TLS for every connection blobsvc makes or accepts: contexts built from settings, and
-:class:`TlsStream`, a :class:`~blobsvc._netio.SocketStream` that encrypts.
+:class:`TlsStream`, a :class:`~blobsvc.wire._netio.SocketStream` that encrypts.
 
 ``TlsStream`` runs :class:`ssl.SSLObject` over two memory BIOs and moves the ciphertext
 with the same non-blocking socket calls as a plain stream, so server and client code do not
@@ -29,9 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ._exceptions import ConnectionClosed, InvalidArgument, RemoteProtocolError, TLSError
+from .._exceptions import ConnectionClosed, InvalidArgument, RemoteProtocolError, TLSError
+from ..config import Settings
 from ._netio import SocketStream
-from .config import Settings
 
 __all__ = [
     "TLS_VERSIONS",
