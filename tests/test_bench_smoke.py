@@ -110,7 +110,7 @@ def test_quick_ha_benchmark_times_failovers_and_compares_both_modes(tmp_path: Pa
 
 
 def test_quick_put_ab_benchmark_measures_both_trees_in_the_same_seconds(tmp_path: Path) -> None:
-    records = run_quick("benchmarks.bench_put_ab", "--tmp-dir", str(tmp_path), str(REPO), str(REPO))
+    records = run_quick("benchmarks.experiments.bench_put_ab", "--tmp-dir", str(tmp_path), str(REPO), str(REPO))
     puts = [record for record in records if record.get("bench") == "put_4KiB"]
     assert len(puts) == 2 and all(record["ops"] > 0 and record["cpu_us"] > 0 for record in puts)
     # The process's and its loop thread's times are read one after the other in 10 ms ticks,
@@ -121,7 +121,7 @@ def test_quick_put_ab_benchmark_measures_both_trees_in_the_same_seconds(tmp_path
 
 
 def test_quick_fsync_benchmark_times_each_way_of_making_files_durable(tmp_path: Path) -> None:
-    records = run_quick("benchmarks.bench_fsync", "--tmp-dir", str(tmp_path))
+    records = run_quick("benchmarks.experiments.bench_fsync", "--tmp-dir", str(tmp_path))
     ways = {record["bench"]: record for record in records if "files_per_s" in record}
     assert set(ways) == {"sequential", "threads_4", "syncfs"}  # --quick: 4 files, so threads_4 is one per file
     assert all(record["median_ms"] > 0 and record["files_per_s"] > 0 for record in ways.values())
@@ -130,7 +130,7 @@ def test_quick_fsync_benchmark_times_each_way_of_making_files_durable(tmp_path: 
 
 
 def test_quick_transfer_ab_benchmark_measures_both_trees_in_turn(tmp_path: Path) -> None:
-    records = run_quick("benchmarks.bench_transfer_ab", "--tmp-dir", str(tmp_path), str(REPO), str(REPO))
+    records = run_quick("benchmarks.experiments.bench_transfer_ab", "--tmp-dir", str(tmp_path), str(REPO), str(REPO))
     transfers = [record for record in records if record.get("bench") in {"put", "get", "get_file"}]
     assert len(transfers) == 6 and all(record["MB_s"] > 0 and record["client_cpu_ms"] > 0 for record in transfers)
     assert records[-1]["summary"]["median_ratio_to_baseline"][f"put {REPO}"] > 0
@@ -138,7 +138,7 @@ def test_quick_transfer_ab_benchmark_measures_both_trees_in_turn(tmp_path: Path)
 
 
 def test_quick_pages_benchmark_times_recycled_and_idle_pages_of_each_kind(tmp_path: Path) -> None:
-    records = run_quick("benchmarks.bench_pages", "--tmp-dir", str(tmp_path))
+    records = run_quick("benchmarks.experiments.bench_pages", "--tmp-dir", str(tmp_path))
     kinds = {record["bench"]: record for record in records if "median_MB_s" in record}
     targets = ("file_8MiB", "file_256KiB", "memory")
     assert set(kinds) == {f"{target}_{state}" for target in targets for state in ("recycled", "idle")}

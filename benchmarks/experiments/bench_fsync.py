@@ -11,8 +11,8 @@ much faster the threaded ways are than the sequential one says how many of those
 disk takes at once. The ``--threads`` line is what a server with a file per blob and that many
 flush threads can reach at most, however little CPU each PUT costs.
 
-    .venv/bin/python -m benchmarks.bench_fsync               # 16 files, 20 rounds
-    .venv/bin/python -m benchmarks.bench_fsync --quick       # a smoke run
+    .venv/bin/python -m benchmarks.experiments.bench_fsync               # 16 files, 20 rounds
+    .venv/bin/python -m benchmarks.experiments.bench_fsync --quick       # a smoke run
 
 One JSON object per line on stdout: per way, the median milliseconds for the batch and the
 files per second that makes; the last line is ``{"summary": …}``.
@@ -63,7 +63,9 @@ def _syncfs() -> Callable[[Sequence[int]], None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_fsync", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.experiments.bench_fsync", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--files", type=int, default=16, help="Files per batch (default 16).")
     parser.add_argument("--threads", type=int, default=4, help="Threads sharing a batch (default 4).")
     parser.add_argument("--rounds", type=int, default=20, help="Batches of each way (default 20).")

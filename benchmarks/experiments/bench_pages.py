@@ -15,8 +15,8 @@ a fault in the hypervisor counts as the guest's time. Where the kernel says how 
 reported (``/sys/module/page_reporting/parameters/reported_kib``), each line gives how many
 MiB went to the hypervisor during the rest.
 
-    .venv/bin/python -m benchmarks.bench_pages               # 256 MiB, 5 rounds, 5 s of rest
-    .venv/bin/python -m benchmarks.bench_pages --quick       # a smoke run
+    .venv/bin/python -m benchmarks.experiments.bench_pages               # 256 MiB, 5 rounds, 5 s of rest
+    .venv/bin/python -m benchmarks.experiments.bench_pages --quick       # a smoke run
 
 One JSON object per line on stdout: per kind, MB/s (10^6 B/s) of every run, the median, and
 the median CPU nanoseconds per byte; the last line is ``{"summary": …}`` with, per target,
@@ -84,7 +84,9 @@ def _timed(write: Callable[[], None]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_pages", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.experiments.bench_pages", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--size-mib", type=int, default=256, help="MiB written per run (default 256).")
     parser.add_argument("--rounds", type=int, default=5, help="Runs of each kind (default 5).")
     parser.add_argument("--idle", type=float, default=5.0, help="Seconds of rest before an idle run (default 5).")

@@ -4,8 +4,8 @@ PUT path costs or saves per request, on a machine too busy for runs one after th
 Run from the repository root, with the tree to compare checked out elsewhere::
 
     git worktree add /tmp/blobsvc-main main
-    .venv/bin/python -m benchmarks.bench_put_ab /tmp/blobsvc-main .     # about a minute
-    .venv/bin/python -m benchmarks.bench_put_ab --quick /tmp/blobsvc-main .
+    .venv/bin/python -m benchmarks.experiments.bench_put_ab /tmp/blobsvc-main .     # about a minute
+    .venv/bin/python -m benchmarks.experiments.bench_put_ab --quick /tmp/blobsvc-main .
 
 Each tree's ``blobsvc serve`` runs as a child process on its own data directory, started from
 a neutral directory with ``PYTHONPATH`` set to the tree (``python -m`` from inside a checkout
@@ -67,7 +67,9 @@ def _load(tree: str, connections: int, seconds: float, work: str, start: Any, re
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_put_ab", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.experiments.bench_put_ab", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("trees", nargs=2, help="Two source trees (directories holding blobsvc/).")
     parser.add_argument("--connections", type=int, nargs="+", default=[8, 32], help="Default: 8 32.")
     parser.add_argument("--seconds", type=float, default=5.0, help="Each timed load (default 5).")

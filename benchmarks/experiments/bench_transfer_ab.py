@@ -5,8 +5,8 @@ after the other.
 Run from the repository root, with the tree to compare checked out elsewhere::
 
     git worktree add /tmp/blobsvc-main main
-    .venv/bin/python -m benchmarks.bench_transfer_ab /tmp/blobsvc-main . --size-mib 64 --rounds 8
-    .venv/bin/python -m benchmarks.bench_transfer_ab --quick /tmp/blobsvc-main .
+    .venv/bin/python -m benchmarks.experiments.bench_transfer_ab /tmp/blobsvc-main . --size-mib 64 --rounds 8
+    .venv/bin/python -m benchmarks.experiments.bench_transfer_ab --quick /tmp/blobsvc-main .
 
 Each tree gets a worker process that runs this file with ``PYTHONPATH`` set to the tree, so
 that its ``blobsvc serve`` and its ``AsyncBlobClient`` are both that tree's; each worker has
@@ -145,7 +145,7 @@ def _rates(size: int, seconds: list[float]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_transfer_ab", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.experiments.bench_transfer_ab", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("trees", nargs=2, help="Two source trees (directories holding blobsvc/).")
     parser.add_argument("--size-mib", type=int, default=64, help="Blob size (default 64).")

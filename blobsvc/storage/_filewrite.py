@@ -18,7 +18,7 @@ which works on blocks of 2 MiB and up), 2 MiB folios come from blocks given away
 lay free for a few seconds, and each such block faults in the hypervisor on first write.
 Writing 256 MiB into a new file 8 MiB a call ran at 549 MB/s (median) after 5 s of rest
 against 4,330 MB/s right after as much was freed; 256 KiB a call, at 4,269 against 4,212,
-as fast as 8 MiB a call where nothing is handed back (``benchmarks/bench_pages.py``; issue 9,
+as fast as 8 MiB a call where nothing is handed back (``benchmarks/experiments/bench_pages.py``; issue 9,
 benchmarks/RESULTS.md).
 """
 

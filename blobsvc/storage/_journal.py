@@ -2,7 +2,7 @@
 
 A small PUT used to be durable by fsyncs of its own: its file, then each directory its names
 live in. On this kind of disk every fsync of a new file ends with a flush of the device's
-write cache, so a batch of small PUTs cost one flush per file (``benchmarks/bench_fsync.py``).
+write cache, so a batch of small PUTs cost one flush per file (``benchmarks/experiments/bench_fsync.py``).
 Now :meth:`BlobStorage.publish_batch` writes a small upload's file and names *without*
 fsync, and the upload is durable by its record here instead: its key, its name and its
 bytes, appended with the rest of the batch in one write to a segment file, then one

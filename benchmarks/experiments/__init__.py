@@ -1,0 +1,1 @@
+"""Experiments that explained one figure of benchmarks/RESULTS.md; see README.md here."""
