@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -104,8 +105,12 @@ class ZooKeeperHA:
         require_kazoo()
         self.settings = settings
         self.paths = ZkPaths(check_cluster_id(settings.cluster_id))
+        location = f"{settings.ha_dir.rstrip('/')}/{settings.cluster_id}"
+        # What caches open to read blobs from the store (blobsvc.ha.reads): a directory by its
+        # absolute path, so that a relative --ha-dir means the same on every host mounting it.
+        self.store_url = location if "://" in location else os.path.abspath(os.path.expanduser(location))
         try:
-            self.blobs: FileSystemBlobStore = open_blob_store(f"{settings.ha_dir.rstrip('/')}/{settings.cluster_id}")
+            self.blobs: FileSystemBlobStore = open_blob_store(location)
         except ImportError as exc:  # fsspec, or the backend of the URL's scheme
             raise ImportError(f"--ha-dir {settings.ha_dir}: {exc} ({INSTALL_HINT})") from None
         self._client: Any = None
@@ -230,7 +235,8 @@ class ZooKeeperHA:
             return True
 
     def status(self) -> dict[str, Any]:
-        """For STATUS and the metrics: reads only. ``ha_blobs`` is counted in a worker thread
+        """For STATUS and the metrics: reads only. ``store`` is where caches read blobs from
+        (docs/protocol.md, "STATUS"). ``ha_blobs`` is counted in a worker thread
         at most once a minute (listing a large store, or S3, takes a while); None until then."""
         election = self._election
         now = time.monotonic()
@@ -245,6 +251,7 @@ class ZooKeeperHA:
             "cluster_id": self.paths.cluster_id,
             "zookeeper": self.settings.zookeeper,
             "ha_store": self.blobs.location,
+            "store": self.store_url,
             "ha_blobs": self._ha_blobs,
         }
 
