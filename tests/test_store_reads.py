@@ -23,6 +23,7 @@ from blobsvc import BlobClient, Settings, new_job_id
 from blobsvc.cache import BlobCache
 from blobsvc.ha.store import FileSystemBlobStore, object_path, open_blob_store
 
+from .agent_helpers import run_agent
 from .conftest import ServerThread
 
 MiB = 1 << 20
@@ -245,3 +246,32 @@ def test_threads_asking_at_once_share_one_store_read(
         stats = cache.stats()
     assert len(set(paths)) == 1 and len(paths) == 4
     assert (stats.bytes_from_store, stats.downloads, stats.misses, stats.hits) == (len(data), 1, 1, 3)
+
+
+def test_an_agent_reads_from_the_store_and_its_metrics_count_store_and_server_bytes(
+    server_thread: ServerThread, named: list[str], put: Put, store_dir: Path, tmp_path: Path
+) -> None:
+    good, bad = os.urandom(MiB), os.urandom(MiB)
+    good_key, bad_key = put(good), put(bad)
+    damage(store_dir, bad_key, bad[::-1])
+    with run_agent(server_thread.address, tmp_path / "cache") as agent:
+        assert agent.get(f"/blobs/{good_key}") == (200, good)
+        assert agent.get(f"/blobs/{bad_key}") == (200, bad)
+        counted = {
+            name: agent.metric(f"blobsvc_agent_{name}_total")
+            for name in ("bytes_from_store", "bytes_fetched", "store_refused")
+        }
+    assert counted == {"bytes_from_store": 2 * MiB, "bytes_fetched": MiB, "store_refused": 1}
+    assert requests(server_thread)["GET"] == 1
+
+
+def test_an_agent_with_store_reads_off_fetches_from_the_server(
+    server_thread: ServerThread, named: list[str], put: Put, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = os.urandom(MiB)
+    key = put(data)
+    monkeypatch.setenv("BLOBSVC_STORE_READS", "0")
+    with run_agent(server_thread.address, tmp_path / "cache") as agent:
+        assert agent.get(f"/blobs/{key}") == (200, data)
+        assert agent.metric("blobsvc_agent_bytes_from_store_total") == 0
+        assert agent.metric("blobsvc_agent_bytes_fetched_total") == MiB
