@@ -21,7 +21,7 @@ import pytest
 
 from blobsvc import BlobClient, Settings, new_job_id
 from blobsvc.cache import BlobCache
-from blobsvc.ha.store import FileSystemBlobStore, object_path, open_blob_store
+from blobsvc.ha.store import FileSystemBlobStore, _LocalFiles, object_path, open_blob_store
 
 from .agent_helpers import run_agent
 from .conftest import ServerThread
@@ -275,3 +275,25 @@ def test_an_agent_with_store_reads_off_fetches_from_the_server(
         assert agent.get(f"/blobs/{key}") == (200, data)
         assert agent.metric("blobsvc_agent_bytes_from_store_total") == 0
         assert agent.metric("blobsvc_agent_bytes_fetched_total") == MiB
+
+
+def test_a_store_read_broken_midway_is_finished_by_the_server_after_the_bytes_it_brought(
+    server_thread: ServerThread, named: list[str], put: Put, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that fails after its first chunk (a mock: no real directory breaks mid-read on
+    cue). The chunk stays in the partial file, the server sends the rest from there, and the
+    whole is verified."""
+    data = os.urandom(3 * MiB)
+    key = put(data)
+    whole = _LocalFiles.chunks
+
+    def breaks_after_one_chunk(self: _LocalFiles, path: str, offset: int = 0) -> Iterator[bytes]:
+        chunks = whole(self, path, offset)
+        yield next(chunks)
+        raise ConnectionResetError("the store went away")
+
+    monkeypatch.setattr(_LocalFiles, "chunks", breaks_after_one_chunk)
+    with cache_at(server_thread, tmp_path / "cache") as cache:
+        assert cache.path(key).read_bytes() == data
+        stats = cache.stats()
+    assert (stats.bytes_from_store, stats.bytes_fetched, stats.store_fallbacks) == (MiB, 2 * MiB, 1)
