@@ -10,6 +10,7 @@ same paths against a real ZooKeeper and an S3 endpoint. Requests are counted on 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -297,3 +298,27 @@ def test_a_store_read_broken_midway_is_finished_by_the_server_after_the_bytes_it
         assert cache.path(key).read_bytes() == data
         stats = cache.stats()
     assert (stats.bytes_from_store, stats.bytes_fetched, stats.store_fallbacks) == (MiB, 2 * MiB, 1)
+
+
+def _path_in_child(cache: BlobCache, key: str, results: Any) -> None:
+    results.put(blake3.blake3(cache.path(key).read_bytes()).hexdigest())
+
+
+def test_a_forked_child_asks_for_the_store_itself_and_reads_from_it(
+    server_thread: ServerThread, named: list[str], put: Put, tmp_path: Path
+) -> None:
+    """fsspec's clients (s3fs's event loop) belong to the process that made them: a child
+    forked after the parent opened its reader opens its own."""
+    first, second = put(os.urandom(MiB)), put(os.urandom(MiB))
+    context = multiprocessing.get_context("fork")
+    with cache_at(server_thread, tmp_path / "cache") as cache:
+        cache.path(first)
+        results = context.Queue()
+        child = context.Process(target=_path_in_child, args=(cache, second, results))
+        child.start()
+        assert results.get(timeout=30) == second
+        child.join(30)
+        stats = cache.stats()
+    assert child.exitcode == 0
+    assert requests(server_thread)["STATUS"] == 2 and requests(server_thread).get("GET", 0) == 0
+    assert stats.bytes_from_store == 2 * MiB
