@@ -68,12 +68,6 @@ class MotoServer:
         if self.process is not None:
             self.process.wait(10)
 
-    def reset(self) -> None:
-        """Forget every bucket (moto's own reset endpoint)."""
-        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
-        with urllib.request.urlopen(request, timeout=10):
-            pass
-
     @contextmanager
     def export(self) -> Iterator[None]:
         """This process's environment points at the endpoint while the block runs (s3fs
