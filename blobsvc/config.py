@@ -324,6 +324,12 @@ class Settings:
     cleanup_interval: float = _setting(
         DEFAULT_CLEANUP_INTERVAL, _parse_interval, "Seconds a job's cached files stay after its last release."
     )
+    store_reads: bool = _setting(
+        True,
+        _parse_bool,
+        "Caches read blobs straight from the HA store the server names (verified; the server on failure); "
+        "0 to fetch from the server only.",
+    )
     # agent
     agent_host: str = _setting("127.0.0.1", str, "Address the agent listens on; keep it on loopback.")
     agent_port: str = _setting(

@@ -9,9 +9,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from blobsvc.ha import discovery
 from blobsvc.ha.discovery import LeaderResolver
+
+if TYPE_CHECKING:  # benchmarks/bench_ha.py imports this module without pytest
+    import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "zookeeper"
 START_TIMEOUT = 90.0  # the JVM starts slowly on a loaded 2-core machine
@@ -66,13 +72,15 @@ class HaServer:
         *,
         cluster_id: str = "test",
         session_timeout: float = 1.0,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         args = [
             sys.executable, "-m", "blobsvc", "serve", "--host", "127.0.0.1", "--port", "0",
             "--data-dir", str(data_dir), "--recovery-mode", "zookeeper", "--zookeeper", zookeeper,
             "--cluster-id", cluster_id, "--ha-dir", str(ha_dir),
             "--zookeeper-session-timeout", str(session_timeout), "--io-timeout", "5",
-            "--log-level", "warning",
+            "--log-level", "warning", *extra,
         ]  # fmt: skip
         self.data_dir = data_dir
         self.process = subprocess.Popen(
@@ -80,7 +88,7 @@ class HaServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
         )
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
@@ -98,6 +106,14 @@ class HaServer:
         if self.process.poll() is None:
             self.process.terminate()
         self.process.wait(20)
+
+
+def running_zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeper]:
+    """A module's ZooKeeper: ``zookeeper = pytest.fixture(scope="module")(running_zookeeper)``."""
+    running = ZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
+    yield running
+    discovery._close_clients()  # the zk:// clients' sessions go before their ZooKeeper does
+    running.stop()
 
 
 def wait_for_leader(url: str, *, avoid: str | None = None, timeout: float = 30.0) -> str:

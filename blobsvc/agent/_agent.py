@@ -76,6 +76,7 @@ class Agent:
             connect_timeout=settings.connect_timeout,
             secret=settings.secret(),
             tls=client_context_for(settings),
+            store_reads=settings.store_reads,
         )
         self.source = CacheSource(cache, settings.server)
         try:
@@ -131,7 +132,8 @@ class Agent:
 
     def counts(self) -> dict[str, int]:
         """This agent's own counts (the host's other cache users apart): hits, misses,
-        downloads, bytes fetched from the server, bytes served, fetches in flight."""
+        downloads, bytes fetched from the server and from the HA store, store copies refused,
+        bytes served, fetches in flight."""
         assert self.source is not None, "the agent is not started"
         own = self.source.cache.store.counters.own()
         return {
@@ -139,6 +141,8 @@ class Agent:
             "misses": own["misses"],
             "downloads": own["downloads"],
             "bytes_fetched": own["bytes_fetched"],
+            "bytes_from_store": own["bytes_from_store"],
+            "store_refused": own["store_refused"],
             "bytes_served": self.bytes_served,
             "downloads_in_flight": self.source.in_flight,
         }
@@ -157,6 +161,13 @@ _METRICS = (  # name, counts() field or None, type, help
     ("blobsvc_agent_hits_total", "hits", "counter", "Blobs served from the host cache without a download."),
     ("blobsvc_agent_misses_total", "misses", "counter", "Blobs the host cache lacked when asked for."),
     ("blobsvc_agent_bytes_fetched_total", "bytes_fetched", "counter", "Bytes downloaded from the server."),
+    ("blobsvc_agent_bytes_from_store_total", "bytes_from_store", "counter", "Bytes read from the HA store."),
+    (
+        "blobsvc_agent_store_refused_total",
+        "store_refused",
+        "counter",
+        "Copies read from the HA store that did not verify, refused.",
+    ),
     ("blobsvc_agent_bytes_served_total", "bytes_served", "counter", "Body bytes sent to HTTP clients."),
     ("blobsvc_agent_downloads_in_flight", "downloads_in_flight", "gauge", "Blobs being fetched right now."),
     ("blobsvc_agent_cache_bytes", "cache_bytes", "gauge", "Bytes of the blobs in the host cache."),
@@ -166,7 +177,7 @@ _METRICS = (  # name, counts() field or None, type, help
 
 
 def render_metrics(counts: dict[str, int], cache_bytes: int, cache_max_bytes: int, jobs: int) -> str:
-    """The Prometheus text format, written here: eight numbers do not need prometheus-client
+    """The Prometheus text format, written here: ten numbers do not need prometheus-client
     on every executor host."""
     values = {**counts, "cache_bytes": cache_bytes, "cache_max_bytes": cache_max_bytes, "jobs": jobs}
     lines = []

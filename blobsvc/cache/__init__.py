@@ -10,7 +10,8 @@ directory under a byte limit by evicting the least recently used blobs no job is
 * ``_leases``: reference counts as lease files of live processes;
 * ``_store``: the directory: layout, publication, checks, links, eviction, collection;
 * ``_counters``: hits, misses, downloads, bytes fetched and evictions of every process;
-* ``_cache``: :class:`BlobCache`, which fetches from the server into the store.
+* ``_cache``: :class:`BlobCache`, which fetches from the server (or from the HA store the
+  server names, :mod:`blobsvc.ha.reads`) into the store.
 """
 
 from ._cache import DEFAULT_CLEANUP_INTERVAL, DEFAULT_MAX_BYTES, BlobCache, JobBlobs

@@ -16,8 +16,10 @@ from typing import Any
 from .. import config
 from .._exceptions import BadOffset, BlobError, DigestMismatch, InvalidArgument, InvalidArgumentType
 from ..client import BlobClient
+from ..ha.reads import StoreCopyRefused, StoreReader, StoreUnreadable
 from ..wire._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ..wire._protocol import name_error
+from ._counters import Counters
 from ._store import CacheStats, CacheStore, CollectReport, RecoveryReport
 
 __all__ = ["DEFAULT_CLEANUP_INTERVAL", "DEFAULT_MAX_BYTES", "BlobCache", "JobBlobs"]
@@ -56,6 +58,9 @@ class BlobCache:
     them up to ``timeout`` seconds before it fails with ``CacheFull``. Downloads get ``retries``
     more attempts after a failure, ``backoff`` seconds doubling (with jitter) in between, and
     resume from the bytes already on disk.
+    When the server names a shared store (the HA store of recovery mode zookeeper) and
+    ``store_reads`` is on, a download copies the bytes from the store instead, verified, and
+    falls back to the server once when that fails (:class:`_StoreReads`).
     With ``verify_on_start``, opening the cache removes downloads nobody is finishing and
     rehashes every file whose stamp is off or from before the host's last boot; without it,
     such a file is rehashed at its first use. (Downloads are not fsynced: only a crash of
@@ -76,6 +81,7 @@ class BlobCache:
         secret: bytes | None = None,
         verify_on_start: bool = True,
         tls: ssl.SSLContext | None = None,
+        store_reads: bool = True,
     ) -> None:
         if max_bytes <= 0 or cleanup_interval < 0:
             raise InvalidArgument("max_bytes must be positive and cleanup_interval not negative")
@@ -94,6 +100,7 @@ class BlobCache:
             secret=secret,
             tls=tls,
         )
+        self._store_reads = _StoreReads(self._client, self.store.counters) if store_reads else None
         self._lock = threading.Lock()
         self._leases: dict[str, list[str]] = {}
         self._leases_pid = os.getpid()
@@ -158,10 +165,14 @@ class BlobCache:
         partial file and publish it. Holds the key's lock."""
         self.store.counters.add("misses")
         partial = self.store.reserve(key, size, self.max_bytes, wait=self._room_wait)
-        held = os.stat(partial).st_size
         # Not fsynced: a blob is rehashed before its first use in a later boot of the host
         # (the page cache outlives any process). Without a boot id to tell, it must be.
         fsync = not self.store.boot
+        if self._store_reads is not None and self._store_reads.read(key, size, partial, fsync):
+            self.store.publish(key, partial)
+            self.store.counters.add("downloads")
+            return
+        held = os.stat(partial).st_size
         try:
             info = self._client.resume_file(partial, **target, fsync=fsync)
         except (BadOffset, DigestMismatch):
@@ -263,6 +274,84 @@ class BlobCache:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _StoreReads:
+    """Copies from the HA store the server names, for one cache: the blobsvc.ha.reads rules.
+
+    The server is asked where its store is (STATUS ``store``) at the first download, and
+    again at the first download after a store read failed (a new leader, a store that moved,
+    a mount that came back). A read that fails or does not verify leaves the download to the
+    server, once: a refused copy is emptied out of the partial file first, logged and counted,
+    so no byte of it is kept; an unreadable store keeps the bytes it sent, which verify as
+    part of the whole, as a broken transfer's do."""
+
+    def __init__(self, client: BlobClient, counters: Counters) -> None:
+        self._client = client
+        self._counters = counters
+        self._lock = threading.Lock()
+        self._reader: StoreReader | None = None
+        self._asked = False
+        self._pid = os.getpid()
+
+    def read(self, key: str, size: int, partial: Path, fsync: bool) -> bool:
+        """Whether ``partial`` now holds the verified blob, read from the store."""
+        reader = self._current()
+        if reader is None:
+            return False
+        try:
+            reader.read_into(key, size, partial, fsync=fsync, received=self._received)
+        except StoreCopyRefused as exc:
+            os.truncate(partial, 0)
+            self._counters.add("store_refused")
+            log.warning(
+                "refused the copy of %s from the HA store %s, fetching it from the server: %s",
+                key,
+                reader.location,
+                exc,
+            )
+            return False
+        except StoreUnreadable as exc:
+            self._counters.add("store_fallbacks")
+            log.info("fetching %s from the server: %s", key, exc)
+            self._forget()
+            return False
+        return True
+
+    def _received(self, amount: int) -> None:
+        self._counters.add("bytes_from_store", amount)
+
+    def _current(self) -> StoreReader | None:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child opens its own (an fsspec client is per process)
+                self._reader, self._asked, self._pid = None, False, os.getpid()
+            if self._asked:
+                return self._reader
+            self._asked = True
+            location = self._where()
+            self._reader = None
+            if location:
+                try:
+                    self._reader = StoreReader(location)
+                except StoreUnreadable as exc:
+                    self._counters.add("store_fallbacks")
+                    self._asked = False  # as after any failure: the next download asks again
+                    log.info("reading from the server: %s", exc)
+            return self._reader
+
+    def _where(self) -> str | None:
+        """The store the server names; None when it names none or cannot be asked now."""
+        try:
+            store = self._client.status().get("store")
+        except (BlobError, OSError) as exc:
+            log.info("could not ask %s where its store is (%s); reading from the server", self._client.server, exc)
+            self._asked = False  # the next download asks again
+            return None
+        return store if isinstance(store, str) and store else None
+
+    def _forget(self) -> None:
+        with self._lock:
+            self._reader, self._asked = None, False
 
 
 class JobBlobs:

@@ -1,5 +1,5 @@
 """Counters of a cache directory, shared by every process of the host: hits, misses,
-downloads, bytes fetched, evictions.
+downloads, bytes fetched from the server and from the HA store, evictions, store reads refused.
 
 Many processes count at once, on every ``path()`` call, so counting must cost next to nothing
 and never wait for another process. Each process therefore counts in a file of its own,
@@ -34,7 +34,19 @@ from ._leases import current_holder, name_alive, parse_holder
 
 __all__ = ["FIELDS", "Counters"]
 
-FIELDS = ("hits", "misses", "downloads", "bytes_fetched", "evictions", "evicted_bytes")
+FIELDS = (
+    "hits",
+    "misses",
+    "downloads",
+    "bytes_fetched",
+    "evictions",
+    "evicted_bytes",
+    # Store reads (blobsvc.ha.reads): bytes copied from the HA store, copies of it that did not
+    # verify and were refused, and reads that failed and went to the server instead.
+    "bytes_from_store",
+    "store_refused",
+    "store_fallbacks",
+)
 _SLOT = struct.Struct("<Q")
 _SIZE = _SLOT.size * len(FIELDS)
 _OFFSET = {name: i * _SLOT.size for i, name in enumerate(FIELDS)}

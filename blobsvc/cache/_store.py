@@ -176,7 +176,9 @@ class JobEntry:
 class CacheStats:
     """What the cache holds now, and what every process of the host has counted since the
     directory was made: ``hits`` are ``path()`` calls answered without a download, ``misses``
-    those that downloaded; ``bytes_fetched`` came from the server."""
+    those that downloaded; ``bytes_fetched`` came from the server, ``bytes_from_store`` from
+    the HA store; ``store_refused`` copies from the store did not verify (never kept), and
+    ``store_fallbacks`` store reads failed, so the server was asked instead."""
 
     blobs: int
     bytes: int
@@ -194,6 +196,9 @@ class CacheStats:
     bytes_fetched: int = 0
     evictions: int = 0
     evicted_bytes: int = 0
+    bytes_from_store: int = 0
+    store_refused: int = 0
+    store_fallbacks: int = 0
 
 
 def _file_name(name: str) -> str:

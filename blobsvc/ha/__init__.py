@@ -7,6 +7,7 @@ SUSPENDED or LOST:
   standalone mode's void store.
 * :mod:`blobsvc.ha.leader`: leader election with a fencing token (needs kazoo).
 * :mod:`blobsvc.ha.discovery`: ``zk://`` URLs and finding the leader from a client.
+* :mod:`blobsvc.ha.reads`: executor hosts copying content objects from the store, verified.
 * :mod:`blobsvc.ha.coordinator`: what the server asks: may I serve, store durably, may I
   acknowledge, fetch what I lack.
 

@@ -23,15 +23,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from .._exceptions import NotLeader
+from .._exceptions import BlobError, InternalError, NotLeader
 from ..config import Settings
 from ..storage import BlobStorage, StagedUpload
 from ..storage._layout import key_from_filename
@@ -42,6 +43,7 @@ from .store import FileSystemBlobStore, open_blob_store
 __all__ = ["HighAvailability", "Standalone", "ZooKeeperHA", "high_availability"]
 
 log = logging.getLogger("blobsvc.ha")
+_T = TypeVar("_T")
 
 SERVER_ID_FILE = "server-id"
 HA_COUNT_INTERVAL = 60.0  # seconds between counts of the HA store's blobs for status
@@ -104,8 +106,12 @@ class ZooKeeperHA:
         require_kazoo()
         self.settings = settings
         self.paths = ZkPaths(check_cluster_id(settings.cluster_id))
+        location = f"{settings.ha_dir.rstrip('/')}/{settings.cluster_id}"
+        # What caches open to read blobs from the store (blobsvc.ha.reads): a directory by its
+        # absolute path, so that a relative --ha-dir means the same on every host mounting it.
+        self.store_url = location if "://" in location else os.path.abspath(os.path.expanduser(location))
         try:
-            self.blobs: FileSystemBlobStore = open_blob_store(f"{settings.ha_dir.rstrip('/')}/{settings.cluster_id}")
+            self.blobs: FileSystemBlobStore = open_blob_store(location)
         except ImportError as exc:  # fsspec, or the backend of the URL's scheme
             raise ImportError(f"--ha-dir {settings.ha_dir}: {exc} ({INSTALL_HINT})") from None
         self._client: Any = None
@@ -174,12 +180,15 @@ class ZooKeeperHA:
             return  # publication refuses it, with the precise error
         token = self._election.token or 0
         # upload.file(): a small upload held in memory is written to its staging file here.
-        await asyncio.to_thread(lambda: self.blobs.put(upload.file(), digest, target, token))
+        failed = f"could not store {digest.hex()}, not acknowledged"
+        await self._in_store(failed, lambda: self.blobs.put(upload.file(), digest, target, token))
 
     async def link(self, source: Path, key: bytes, target: JobBlob) -> None:
         """Make a LINKed name durable: the HA store copies the bytes from ``source`` (the
         local object) only when it lacks them, else records the name alone."""
-        await asyncio.to_thread(self.blobs.put, source, key, target, self._election.token or 0)
+        token = self._election.token or 0
+        failed = f"could not store {key.hex()}, not acknowledged"
+        await self._in_store(failed, lambda: self.blobs.put(source, key, target, token))
 
     async def acknowledge(self) -> None:
         if not await self._fence.confirm():
@@ -192,7 +201,23 @@ class ZooKeeperHA:
     async def recover(self, target: ContentKey | JobBlob) -> bool:
         """Fetch a blob the local disk lacks from the HA store (verified), keep it locally;
         False when the HA store does not have it either."""
-        return await asyncio.to_thread(self._recover, target)
+        return await self._in_store("could not be read", lambda: self._recover(target))
+
+    async def _in_store(self, failed: str, work: Callable[[], _T]) -> _T:
+        """``work`` on the HA store in a worker thread. A failure of the store itself (an
+        endpoint down, credentials refused: fsspec backends raise their own errors, not only
+        OSError) becomes one line naming the store, what ``failed`` and why, logged at warning
+        and answered as INTERNAL_ERROR: the request is not acknowledged. blobsvc's own
+        errors (NOT_LEADER, a damaged copy) pass as they are."""
+        try:
+            return await asyncio.to_thread(work)
+        except BlobError:
+            raise
+        except Exception as exc:
+            cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+            message = f"the HA store {self.blobs.location} {failed}: {cause}"
+            log.warning("%s", message)
+            raise InternalError(message) from None
 
     def _recover(self, target: ContentKey | JobBlob) -> bool:
         storage = self._storage
@@ -230,7 +255,8 @@ class ZooKeeperHA:
             return True
 
     def status(self) -> dict[str, Any]:
-        """For STATUS and the metrics: reads only. ``ha_blobs`` is counted in a worker thread
+        """For STATUS and the metrics: reads only. ``store`` is where caches read blobs from
+        (docs/protocol.md, "STATUS"). ``ha_blobs`` is counted in a worker thread
         at most once a minute (listing a large store, or S3, takes a while); None until then."""
         election = self._election
         now = time.monotonic()
@@ -245,6 +271,7 @@ class ZooKeeperHA:
             "cluster_id": self.paths.cluster_id,
             "zookeeper": self.settings.zookeeper,
             "ha_store": self.blobs.location,
+            "store": self.store_url,
             "ha_blobs": self._ha_blobs,
         }
 

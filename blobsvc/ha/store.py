@@ -19,6 +19,10 @@ Layout under ``<root>`` (one root per cluster id)::
                                    removed by the name's next write
     corrupt/<k>-<time>             a copy a read found damaged, moved aside for an operator
 
+Executor hosts read ``objects/`` too (:mod:`blobsvc.ha.reads`: by key, never a name record,
+never a write), which is why an object appears only complete under its final name where the
+store can promise it (a rename; an S3 PUT), and why readers verify what they read anyway.
+
 Writes go object, then ref, then name record, and deletes the other way round, so a crash
 between steps leaves an unreferenced object or ref (space, never a dangling name). An
 object goes when its last ref does. A key's bytes and refs share a directory so that one
@@ -63,7 +67,7 @@ from ..storage import _LockTable, make_dirs
 from ..storage._writeback import fsync_dir
 from ..wire._protocol import KEY_SIZE, ContentKey, JobBlob, WholeJob
 
-__all__ = ["BlobStore", "FileSystemBlobStore", "VoidBlobStore", "open_blob_store"]
+__all__ = ["BlobStore", "FileSystemBlobStore", "VoidBlobStore", "object_path", "open_blob_store", "open_files"]
 
 CHUNK = 1 << 20
 _CONTENT_REF = "content"
@@ -149,7 +153,9 @@ class _Files(Protocol):
         """Write a new file at ``path``, durable before it returns; :class:`FileExistsError`
         (and nothing written) when there is one."""
 
-    def chunks(self, path: str) -> Iterator[bytes]: ...
+    def chunks(self, path: str, offset: int = 0) -> Iterator[bytes]:
+        """The file's bytes from ``offset`` on; :class:`FileNotFoundError` when there is none."""
+
     def size(self, path: str) -> int | None: ...
     def listdir(self, path: str) -> list[str]: ...
     def remove(self, path: str) -> None: ...
@@ -219,8 +225,9 @@ class _LocalFiles:
         with self._replacing(path, exclusive=True) as temp:
             temp.write_bytes(data)
 
-    def chunks(self, path: str) -> Iterator[bytes]:
+    def chunks(self, path: str, offset: int = 0) -> Iterator[bytes]:
         with open(self._path(path), "rb") as f:
+            f.seek(offset)
             while chunk := f.read(CHUNK):
                 yield chunk
 
@@ -294,8 +301,9 @@ class _FsspecFiles:
         self.fs.pipe_file(full, data, mode="create")
         self._checked(path, len(data))
 
-    def chunks(self, path: str) -> Iterator[bytes]:
+    def chunks(self, path: str, offset: int = 0) -> Iterator[bytes]:
         with self.fs.open(self._path(path), "rb") as f:
+            f.seek(offset)
             while chunk := f.read(CHUNK):
                 yield chunk
 
@@ -324,6 +332,15 @@ class _FsspecFiles:
         full = self._path(new_path)
         self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
         self.fs.mv(self._path(path), full)
+
+
+def _key_dir(key: str) -> str:
+    return f"objects/{key[:2]}/{key}"
+
+
+def object_path(key: str) -> str:
+    """Where the bytes of the key whose hex is ``key`` live, relative to the store's root."""
+    return f"{_key_dir(key)}/{_DATA}"
 
 
 class _Record(NamedTuple):
@@ -384,11 +401,11 @@ class FileSystemBlobStore:
 
     @staticmethod
     def _key_dir(key: str) -> str:
-        return f"objects/{key[:2]}/{key}"
+        return _key_dir(key)
 
-    @classmethod
-    def _object(cls, key: str) -> str:
-        return f"{cls._key_dir(key)}/{_DATA}"
+    @staticmethod
+    def _object(key: str) -> str:
+        return object_path(key)
 
     @staticmethod
     def _ref(target: JobBlob | None) -> str:
@@ -572,12 +589,19 @@ class FileSystemBlobStore:
 
 def open_blob_store(location: str | os.PathLike[str]) -> FileSystemBlobStore:
     """The store at a directory path or an fsspec URL (``file://``, ``memory://``, ``s3://`` …)."""
+    return FileSystemBlobStore(open_files(location))
+
+
+def open_files(location: str | os.PathLike[str]) -> _Files:
+    """The files of the store at ``location``: a directory's own, or an fsspec filesystem's.
+    Nothing is created or read until asked; :class:`ImportError` when fsspec or the URL's
+    backend is not installed."""
     text = str(location)
     if "://" not in text:
-        return FileSystemBlobStore(_LocalFiles(Path(text).expanduser()))
+        return _LocalFiles(Path(text).expanduser())
     from fsspec.implementations.local import LocalFileSystem
 
     files = _FsspecFiles(text)
     if isinstance(files.fs, LocalFileSystem):  # file://, local://: a directory, with rename and fsync
-        return FileSystemBlobStore(_LocalFiles(Path(files.root or "/"), location=text))
-    return FileSystemBlobStore(files)
+        return _LocalFiles(Path(files.root or "/"), location=text)
+    return files

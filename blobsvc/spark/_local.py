@@ -67,6 +67,7 @@ class CacheOptions:
             timeout=settings.timeout,
             connect_timeout=settings.connect_timeout,
             retries=settings.retries,
+            store_reads=settings.store_reads,
         )
 
 

@@ -29,6 +29,7 @@ CONF_KEYS = {
     "secret_file": "spark.blobsvc.secretFile",
     "cleanup_interval": "spark.blobsvc.cleanupInterval",
     "cache_max_bytes": "spark.blobsvc.cacheMaxBytes",
+    "store_reads": "spark.blobsvc.storeReads",
     "http_port": "spark.blobsvc.httpPort",
     "agent_url": "spark.blobsvc.agent",
     "tls_ca": "spark.blobsvc.tlsCa",
