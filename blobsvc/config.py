@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from ._exceptions import InvalidArgument
 
@@ -91,11 +91,35 @@ def parse_address(server: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+# --- zk:// URLs (the servers of a cluster, found through ZooKeeper: blobsvc.ha.discovery) ---
+
+ZK_SCHEME = "zk://"
+
+_CLUSTER_ID = re.compile(r"[A-Za-z0-9_.-]+")
+_HOSTS = re.compile(r"[A-Za-z0-9_.\[\]:-]+(,[A-Za-z0-9_.\[\]:-]+)*")
+
+
+def is_zk_url(server: object) -> TypeGuard[str]:
+    return isinstance(server, str) and server.startswith(ZK_SCHEME)
+
+
+def check_cluster_id(cluster_id: str) -> str:
+    if not _CLUSTER_ID.fullmatch(cluster_id):
+        raise ValueError(f"not a cluster id: {cluster_id!r} (letters, digits, '_', '.', '-')")
+    return cluster_id
+
+
+def parse_zk_url(url: str) -> tuple[str, str]:
+    """``(hosts, cluster id)`` of ``zk://h1:2181,h2:2181/ID``."""
+    hosts, _, cluster_id = url.removeprefix(ZK_SCHEME).partition("/")
+    if not url.startswith(ZK_SCHEME) or not _HOSTS.fullmatch(hosts) or not _CLUSTER_ID.fullmatch(cluster_id):
+        raise ValueError(f"not a ZooKeeper URL: {url!r} (try zk://host:2181,host2:2181/CLUSTER_ID)")
+    return hosts, cluster_id
+
+
 def _parse_server(text: str) -> str:
     text = text.strip()
     if text.startswith("zk://"):
-        from .ha.discovery import parse_zk_url  # here: blobsvc.ha imports this module
-
         parse_zk_url(text)
     else:
         parse_address(text)

@@ -8,6 +8,9 @@ cached across a failure: each look-up after a failed request reads the ``leader`
 afresh, and waits (bounded) for it to name someone other than the server that just
 failed, which is how a client rides out a failover without being told.
 
+The URL's syntax (:func:`~blobsvc.config.parse_zk_url`) lives in :mod:`blobsvc.config`, below this
+package, so that settings check a ``zk://`` server without importing HA.
+
 One kazoo client per ZooKeeper ensemble per process, started on first use and replaced
 after a fork (Spark forks its Python workers).
 """
@@ -18,25 +21,31 @@ import atexit
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 from .._exceptions import ConnectError
+from ..config import ZK_SCHEME, check_cluster_id, is_zk_url, parse_zk_url
 
-__all__ = ["LeaderResolver", "ZkPaths", "connect_zookeeper", "is_zk_url", "parse_zk_url", "require_kazoo"]
-
-ZK_SCHEME = "zk://"
+__all__ = [
+    "ZK_SCHEME",
+    "LeaderResolver",
+    "ZkPaths",
+    "check_cluster_id",
+    "connect_zookeeper",
+    "is_zk_url",
+    "parse_zk_url",
+    "require_kazoo",
+]
 
 # kazoo logs each failed connection attempt at WARNING. A server configures logging and keeps
 # those lines; in a process that configures none (the CLI's client commands, a user's script)
 # Python's last-resort handler would print them to stderr around blobsvc's own one-line error.
 logging.getLogger("kazoo").addHandler(logging.NullHandler())
-_CLUSTER_ID = re.compile(r"[A-Za-z0-9_.-]+")
-_HOSTS = re.compile(r"[A-Za-z0-9_.\[\]:-]+(,[A-Za-z0-9_.\[\]:-]+)*")
+
 INSTALL_HINT = "pip install blobsvc[ha]"
 
 
@@ -46,24 +55,6 @@ def require_kazoo() -> None:
         import kazoo  # noqa: F401
     except ImportError:
         raise ImportError(f"ZooKeeper high availability needs kazoo and fsspec: {INSTALL_HINT}") from None
-
-
-def is_zk_url(server: object) -> TypeGuard[str]:
-    return isinstance(server, str) and server.startswith(ZK_SCHEME)
-
-
-def check_cluster_id(cluster_id: str) -> str:
-    if not _CLUSTER_ID.fullmatch(cluster_id):
-        raise ValueError(f"not a cluster id: {cluster_id!r} (letters, digits, '_', '.', '-')")
-    return cluster_id
-
-
-def parse_zk_url(url: str) -> tuple[str, str]:
-    """``(hosts, cluster id)`` of ``zk://h1:2181,h2:2181/ID``."""
-    hosts, _, cluster_id = url.removeprefix(ZK_SCHEME).partition("/")
-    if not url.startswith(ZK_SCHEME) or not _HOSTS.fullmatch(hosts) or not _CLUSTER_ID.fullmatch(cluster_id):
-        raise ValueError(f"not a ZooKeeper URL: {url!r} (try zk://host:2181,host2:2181/CLUSTER_ID)")
-    return hosts, cluster_id
 
 
 @dataclass(frozen=True)
