@@ -57,8 +57,9 @@ from .ha.discovery import LeaderResolver, is_zk_url
 from .storage._filewrite import preallocate, pwrite_all
 from .storage._pages import address_of, fresh_bytearray, prefault
 from .storage._writeback import fsync_dir, start_writeback
+from .wire._connect import connect
 from .wire._ids import JobLike, KeyLike, hash_file, job_bytes, key_bytes
-from .wire._netio import SocketStream, connect
+from .wire._netio import SocketStream
 from .wire._protocol import (
     CLOSED,
     NEED_DATA,

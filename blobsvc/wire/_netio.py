@@ -14,11 +14,10 @@ import contextlib
 import functools
 import os
 import socket
-import ssl
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
-from .._exceptions import ConnectError, ConnectionClosed, ConnectTimeout, ReadTimeout, Timeout, WriteTimeout
+from .._exceptions import ConnectionClosed, ReadTimeout, Timeout, WriteTimeout
 
 _T = TypeVar("_T")
 
@@ -27,7 +26,6 @@ __all__ = [
     "SocketStream",
     "bind_listener",
     "body_deadline",
-    "connect",
     "connection_closed",
     "header_deadline",
 ]
@@ -204,47 +202,6 @@ def _resolve(future: asyncio.Future[None]) -> None:
 def _expire(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_exception(TimeoutError())
-
-
-async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None) -> SocketStream:
-    """Connect to ``host:port``, trying each address it resolves to; with ``tls``, the
-    handshake (checking the certificate against ``host``) is part of connecting."""
-    from ._tls import TlsStream  # it builds on this module
-
-    loop = asyncio.get_running_loop()
-    errors: list[str] = []
-    try:
-        async with asyncio.timeout(timeout):
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            for family, type_, proto, _, address in infos:
-                sock = socket.socket(family, type_, proto)
-                sock.setblocking(False)
-                try:
-                    await loop.sock_connect(sock, address)
-                except OSError as exc:
-                    sock.close()
-                    # uvloop's strerror repeats the address; the errno says it plainly.
-                    errors.append(f"{address[0]}: {os.strerror(exc.errno) if exc.errno else exc}")
-                    continue
-                except BaseException:
-                    sock.close()
-                    raise
-                if tls is None:
-                    return SocketStream(sock)
-                stream = TlsStream(sock, tls, server_side=False, server_hostname=host)
-                try:
-                    await stream.handshake(None)
-                except BaseException:
-                    stream.close()
-                    raise
-                return stream
-    except TimeoutError:
-        raise ConnectTimeout(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
-    except OSError as exc:
-        raise ConnectError(f"cannot resolve {host}: {exc.strerror or exc}") from None
-    if len(errors) == 1:  # the address is in the message already
-        errors = [errors[0].partition(": ")[2]]
-    raise ConnectError(f"cannot connect to {host}:{port}: {'; '.join(errors) or 'no address'}")
 
 
 def bind_listener(host: str, ports: range) -> socket.socket:
