@@ -41,13 +41,18 @@ park that re-arms itself rather than one per request (and never fires while a PU
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .._exceptions import InternalError, ReadTimeout, ServerError
-from ..http._observe import ABORTED
-from ..storage import MEMORY_STAGING_LIMIT, StagedUpload
-from ..wire._netio import connection_closed
+from ..config import Settings
+from ..ha import HighAvailability
+from ..http._observe import ABORTED, RequestObserver
+from ..http._slots import Slots
+from ..storage import MEMORY_STAGING_LIMIT, BlobStorage, StagedUpload
+from ..storage._commit import GroupCommitter
+from ..wire._netio import SocketStream, connection_closed
 from ..wire._protocol import (
     CLOSED,
     NEED_DATA,
@@ -55,15 +60,51 @@ from ..wire._protocol import (
     GetRequest,
     PutOk,
     PutRequest,
+    ServerConnection,
     ServerEvent,
     Signal,
 )
 from ..wire._threads import wait_out
 
-if TYPE_CHECKING:
-    from . import _Connection
+__all__ = ["FastPath", "FastPathConnection", "FastPathServer"]
 
-__all__ = ["FastPath"]
+
+class FastPathServer(Protocol):
+    """What the fast path reads of its server: the BlobServer is one."""
+
+    @property
+    def ha(self) -> HighAvailability: ...
+    @property
+    def committer(self) -> GroupCommitter: ...
+    @property
+    def observers(self) -> list[RequestObserver]: ...
+    @property
+    def requests(self) -> collections.Counter[str]: ...
+
+
+class FastPathConnection(Protocol):
+    """What the fast path uses of the binary connection it serves (the server's own), so that
+    it needs nothing of the server module: read-only but for the three it sets."""
+
+    busy: bool
+    request: ServerEvent | None
+    waiting_since: float
+
+    @property
+    def server(self) -> FastPathServer: ...
+    @property
+    def parser(self) -> ServerConnection: ...
+    @property
+    def storage(self) -> BlobStorage: ...
+    @property
+    def stream(self) -> SocketStream: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def slots(self) -> Slots: ...
+    @property
+    def authenticated(self) -> bool: ...
+
 
 # Requests are small; a PUT body that follows its header in the same read goes to the parser.
 RECV_SIZE = 64 << 10
@@ -72,7 +113,7 @@ RECV_SIZE = 64 << 10
 class FastPath:
     """One plain binary connection's reader callback (see the module's documentation)."""
 
-    def __init__(self, connection: _Connection) -> None:
+    def __init__(self, connection: FastPathConnection) -> None:
         self._connection = connection
         self._server = server = connection.server
         self._parser = connection.parser

@@ -27,9 +27,9 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_left as _bisect
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..http._observe import op_name, outcome_name
+from ..http._observe import RequestObserver, op_name, outcome_name
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -38,14 +38,24 @@ if TYPE_CHECKING:
 
     from ..http import HttpFace, HttpRequest, HttpResponse
     from ..wire._netio import SocketStream
-    from . import BlobServer
 
-__all__ = ["BUCKETS", "EXTRA", "MetricsUnavailable", "ServerMetrics"]
+__all__ = ["BUCKETS", "EXTRA", "MetricsServer", "MetricsUnavailable", "ServerMetrics"]
 
 EXTRA = "pip install 'blobsvc[metrics]'"
 # Request latency buckets, seconds: a 4 KiB GET on loopback takes ~0.1 ms, a PUT of a new blob
 # a few ms (fsync), a GB-sized transfer tens of seconds.
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class MetricsServer(Protocol):
+    """What the metrics need of the server they count: its request observers, to count each
+    request, and its state at scrape time. The BlobServer is one."""
+
+    @property
+    def observers(self) -> list[RequestObserver]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
 
 # Metrics read from BlobServer.status() at scrape time: (name, status field, help).
 _STATE_COUNTERS = (
@@ -94,7 +104,7 @@ class ServerMetrics:
     """The metrics of one server, in a registry of their own (several servers may share a
     process, as they do in tests). Creating one starts counting; :meth:`serve` exposes them."""
 
-    def __init__(self, server: BlobServer) -> None:
+    def __init__(self, server: MetricsServer) -> None:
         _require_prometheus()
         from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
