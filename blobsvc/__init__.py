@@ -1,6 +1,22 @@
 """blobsvc: a BLOB server for Spark pipelines and the clients that fetch from it.
 
 The public names are re-exported here; everything else is private to its module.
+
+The package by part, each importing only parts below it (pyproject.toml's import-linter
+contracts, run by scripts/test), top down:
+
+* :mod:`blobsvc.cli`: the ``blobsvc`` command line;
+* :mod:`blobsvc.spark`, :mod:`blobsvc.bench`, :mod:`blobsvc.agent`: PySpark, ``blobsvc bench``
+  and its engine, the per-host agent;
+* :mod:`blobsvc.cache`, :mod:`blobsvc.driver`: the host's blob cache; the driver's Spark conf
+  and file digests;
+* :mod:`blobsvc.client`, :mod:`blobsvc.server`: the clients; the BlobServer and its helpers
+  (fast path, job gates, logs, metrics, the hosts' registry);
+* :mod:`blobsvc.ha`, :mod:`blobsvc.http`: high availability; the HTTP face and the connection
+  machinery the server and the agent share;
+* :mod:`blobsvc.storage`: the server's disk (layout, journal, group commit, file writing);
+* :mod:`blobsvc.wire`: the protocol, sockets, TLS;
+* :mod:`blobsvc.config`, then ``_exceptions``.
 """
 
 from ._exceptions import (

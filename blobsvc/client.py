@@ -7,6 +7,9 @@ already received. :class:`BlobClient` runs the same coroutines on a private even
 thread, so it works in plain scripts, in Spark tasks and under a running loop (Jupyter).
 
 Keys are 64-character hex strings; job ids are 32-character hex strings (or UUIDs).
+
+May import :mod:`blobsvc.ha.discovery` (``zk://`` servers), storage's file-writing helpers,
+:mod:`blobsvc.wire`, config and exceptions; never the server.
 """
 
 from __future__ import annotations

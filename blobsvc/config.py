@@ -4,6 +4,8 @@ Each setting is read from, in order of precedence: a command-line option, a ``BL
 environment variable, a TOML file (``--config`` or ``BLOBSVC_CONFIG``), its default. The
 defaults need nothing: ``blobsvc serve`` stores under a local data directory, standalone.
 Sizes accept a unit (``512MiB``, ``8G``); durations are seconds.
+
+Imports nothing of blobsvc but its exceptions: every other part reads its settings here.
 """
 
 from __future__ import annotations

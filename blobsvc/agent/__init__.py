@@ -28,6 +28,9 @@ copy; and ``/metrics``. Its rules:
 Modules: ``_source`` (blobs out of the cache for the face: one flight per blob, job references,
 failures as statuses), ``_heartbeat`` (reports to the server, releases of gone jobs) and
 ``_agent`` (:class:`Agent`: listener, connections, metrics, shutdown).
+
+May import the cache, the client, :mod:`blobsvc.http`, storage's :class:`OpenBlob`, the wire,
+config and exceptions; never the server, the Spark integration or the benchmark.
 """
 
 from ._agent import Agent

@@ -24,6 +24,11 @@ skipped rather than run: 32 GETs of 512 MiB into memory would want 16 GiB.
 Output: one JSON object per measurement (:func:`run` hands them to a callback), a summary
 table (:func:`table`), and optionally a plot (:func:`plot`, with matplotlib: the ``bench``
 extra).
+
+The part ``blobsvc/bench/``: this module (the command's runs and report) and ``_measure``,
+the engine the benchmarks in ``benchmarks/`` share (load generators, baselines, child
+servers). May import the client, the cache and what lies below them; never the server (a
+child process runs it).
 """
 
 from __future__ import annotations

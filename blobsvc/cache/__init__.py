@@ -12,6 +12,9 @@ directory under a byte limit by evicting the least recently used blobs no job is
 * ``_counters``: hits, misses, downloads, bytes fetched and evictions of every process;
 * ``_cache``: :class:`BlobCache`, which fetches from the server (or from the HA store the
   server names, :mod:`blobsvc.ha.reads`) into the store.
+
+May import the client, :mod:`blobsvc.ha` (reads from the HA store), storage's layout, the
+wire, config and exceptions; never the server, the agent or the Spark integration.
 """
 
 from ._cache import DEFAULT_CLEANUP_INTERVAL, DEFAULT_MAX_BYTES, BlobCache, JobBlobs

@@ -2,6 +2,10 @@
 
 Exit status: 0 on success; 1 with a one-line ``Error: …`` on stderr when the operation
 failed (not found, refused, unreachable); 2 for a usage error.
+
+The part ``blobsvc/cli/``: this module (the commands) and its helpers ``_cli_settings``
+(options that are settings) and ``_cache_cli`` (``blobsvc cache``). The top floor: it may
+import every other part.
 """
 
 from __future__ import annotations

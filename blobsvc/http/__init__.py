@@ -21,6 +21,13 @@ Layers, in h11's sans-IO spirit: :class:`HttpFace` turns an :class:`HttpRequest`
 ``h11.Connection`` and sends bodies with ``sendfile``. It runs under the BlobServer's accept
 machinery, so HTTP and binary connections share ``max_connections``, the timeouts and the
 graceful shutdown.
+
+The part ``blobsvc/http/``: this module (URLs, routes, the HTTP connection loop) and what
+the BlobServer and the agent share to serve connections: ``_slots`` (connection slots under
+``max_connections``) and ``_observe`` (what request observers are told). May import
+:mod:`blobsvc.storage` (the :class:`~blobsvc.storage.OpenBlob` it sends), :mod:`blobsvc.wire`,
+config and exceptions; never the server or the agent, which it knows only as an
+:class:`HttpHost`.
 """
 
 from __future__ import annotations

@@ -28,6 +28,14 @@ the event loop keeps serving other connections.
 Shutdown follows uvicorn's order: close the listener, let connections that are between
 requests go at once, give busy ones ``shutdown_timeout`` to finish the request in hand,
 then cancel the rest, which removes their staging files on the way out.
+
+The part ``blobsvc/server/``: this module (listeners, connections, requests) and its helpers:
+``_fastpath`` (small requests answered from the reader callback), ``_jobgate`` (writes and
+deletions of a job take turns), ``_logs`` (text or JSON logs), ``hosts`` (the agents'
+registry), ``metrics`` (Prometheus). May import :mod:`blobsvc.ha`, :mod:`blobsvc.http`,
+:mod:`blobsvc.storage`, :mod:`blobsvc.wire`, config and exceptions; never the client side.
+Its helpers never import this module: what they use of the server or a connection they
+name as a Protocol of their own (``FastPathConnection``, ``MetricsServer``).
 """
 
 from __future__ import annotations

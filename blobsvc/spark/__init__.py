@@ -21,6 +21,9 @@ The modules, one job each:
 * ``_archives``: archives unpacked once per host per digest, atomically and safely;
 * ``_artifacts``: what is shipped, under which name;
 * ``_environment``: a packed Python environment for the Python workers, through each host's agent.
+
+May import the cache, :mod:`blobsvc.driver`, the client, :mod:`blobsvc.http` and what lies
+below them; never the server, the agent or the benchmark.
 """
 
 try:

@@ -1,0 +1,10 @@
+"""The driver's side of shipping to Spark that needs no PySpark: what :mod:`blobsvc.spark`
+and the command line's ``blobsvc spark-conf`` share.
+
+* ``_spark_conf``: the Spark conf that has every host fetch a packed Python environment and
+  jars through its agent;
+* ``_digests``: the driver's memory of file digests, so that an unchanged file is not read.
+
+May import the client, :mod:`blobsvc.http` (for URLs) and what lies below them (wire, config,
+exceptions); never the server, the cache or the Spark integration.
+"""
