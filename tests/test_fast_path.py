@@ -1,5 +1,5 @@
 """Small requests answered by the connection's reader callback rather than its task
-(blobsvc/_fastpath.py): GETs of hot small blobs, and small PUTs that arrived whole. They
+(blobsvc/server/_fastpath.py): GETs of hot small blobs, and small PUTs that arrived whole. They
 keep every rule the task keeps: order of pipelined replies, the idle timeout and the header
 and body deadlines, request counts and observers, AUTH, max_blob_size, and for PUTs
 durability (nothing acknowledged before it is stored, shutdown lets a publication finish)
