@@ -73,6 +73,8 @@ from ._protocol import (
     HeartbeatOk,
     HeartbeatRequest,
     Hello,
+    HostsOk,
+    HostsRequest,
     JobBlob,
     LinkOk,
     LinkRequest,
@@ -760,6 +762,14 @@ class AsyncBlobClient:
         assert isinstance(reply, StatusOk)
         return reply.status
 
+    async def hosts(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """The executor hosts whose agents report to the server: ``{"hosts": [...], "now": …}``
+        (docs/protocol.md, "HOSTS", lists the fields); ``now`` is the server's clock, which
+        each host's ``last_seen`` is on. Retried and sent to the leader as :meth:`status` is."""
+        reply = await self._simple(HostsRequest(), timeout)
+        assert isinstance(reply, HostsOk)
+        return reply.hosts
+
     async def heartbeat(self, report: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
         """Report an executor host's agent to the server (docs/protocol.md, "HEARTBEAT", lists
         the fields; ``agent`` is required) and return its answer: ``interval`` (seconds it
@@ -1259,6 +1269,7 @@ class BlobClient:
     list = _blocking(AsyncBlobClient.list)
     status = _blocking(AsyncBlobClient.status)
     heartbeat = _blocking(AsyncBlobClient.heartbeat)
+    hosts = _blocking(AsyncBlobClient.hosts)
     link = _blocking(AsyncBlobClient.link)
     put_file = _blocking(AsyncBlobClient.put_file)
 

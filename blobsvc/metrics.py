@@ -175,10 +175,8 @@ class ServerMetrics:
             "blobsvc_agents", "Executor hosts whose agents report, by state (lost: no heartbeat lately).",
             labels=["state"],
         )  # fmt: skip
-        hosts = status["hosts"]
-        live = sum(host["state"] == "live" for host in hosts)
-        agents.add_metric(["live"], live)
-        agents.add_metric(["lost"], len(hosts) - live)
+        for state in ("live", "lost"):
+            agents.add_metric([state], status[f"hosts_{state}"])
         yield agents
         role = GaugeMetricFamily("blobsvc_role", "1 for the role this server has now.", labels=["role"])
         role.add_metric([str(status["role"])], 1)

@@ -79,6 +79,8 @@ from ._protocol import (
     GetRequest,
     HeartbeatOk,
     HeartbeatRequest,
+    HostsOk,
+    HostsRequest,
     JobBlob,
     LinkOk,
     LinkRequest,
@@ -325,7 +327,7 @@ class BlobServer:
             },
             "heartbeats": self.hosts.heartbeats,
             "hosts_unlisted": self.hosts.unlisted,
-            "hosts": self.hosts.listing(),
+            **{f"hosts_{state}": count for state, count in self.hosts.states().items()},
         }
         for source in self.status_sources:
             status.update(source())
@@ -503,6 +505,9 @@ class _Connection(Connection):
                 await self._send(StatusOk(self.server.status()))
             case HeartbeatRequest(report):
                 await self._send(HeartbeatOk(await self.server.heartbeat(report)))
+            case HostsRequest():
+                # The server's clock comes along: "seen N s ago" needs no agreement with the client's.
+                await self._send(HostsOk({"hosts": self.server.hosts.listing(), "now": round(time.time(), 3)}))
             case _:
                 raise RemoteProtocolError(f"unexpected {type(event).__name__}")
 
