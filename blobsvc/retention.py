@@ -20,21 +20,24 @@ What holds, each pinned by ``tests/test_retention.py``:
    outlives the unlink; a hot blob is dropped from memory with its name. An upload is a
    staging file until its publication, which takes the key's lock and makes the object
    anew if it was deleted meanwhile.
-3. **Never within the grace period.** Content whose inode changed (``ctime``: created,
-   linked, unlinked, or a read recorded) or that was read less than ``retention_grace``
-   seconds ago is kept: a ``publish`` uploads content, then LINKs it, and a job whose names
-   were deleted leaves its content there a while before it can go.
-4. **Reads are what the atime says, never later.** A read is GET (binary or HTTP, hot blobs
-   served from memory included), HTTP HEAD, STAT, and the lazy fetch of a blob from the HA
-   store: whatever opens a blob (:meth:`BlobStorage.open_blob`) or serves it from memory.
-   LINK is not a read: it makes the content referenced, and its link is in the ``ctime``.
-   :class:`ReadClock` writes a read into the object's atime only when the atime is
-   :data:`READ_GRANULARITY` or more older than the read, so a hot blob costs one ``utime``
-   a minute, not one per GET; a sweep takes ``atime + READ_GRANULARITY`` as the last read,
-   which no read went unrecorded after. The atime is in the inode, so a restart keeps it;
-   nothing is held in memory that a restart could lose, and nothing is ever written older.
+3. **Never within the grace period.** Content stored, read, or left by its last job name
+   less than ``retention_grace`` seconds ago is kept: a ``publish`` uploads content, then
+   LINKs it, and a job whose names were deleted leaves its content there a while.
+4. **The atime says when content was last used, never later than it was.** Storage writes
+   it, in the server's clock, when a PUT stores content (new or again), when a job's name
+   that linked it goes and leaves it unreferenced, and when it is read. A read is GET
+   (binary or HTTP, hot blobs served from memory included), HTTP HEAD, STAT, and the lazy
+   fetch of a blob from the HA store: whatever opens a blob (:meth:`BlobStorage.open_blob`)
+   or serves it from memory. STAT counts because ``publish`` asks it before deciding not to
+   upload, then LINKs. LINK itself is not a read: it makes the content referenced, and its
+   unlinking is recorded. :class:`ReadClock` writes a read only when the atime is
+   :data:`READ_GRANULARITY` or more older than it, so a hot blob costs one ``utime`` a
+   minute, not one per GET; a sweep takes ``atime + READ_GRANULARITY`` as the last use, since
+   no read after that went unrecorded. The atime is in the inode, so a restart keeps it;
+   nothing is held in memory that a restart could lose, and nothing is ever written older
+   than it was (a clock gone backwards leaves the atime in the future: content kept).
 5. **Chosen and deleted as seen.** A candidate is deleted only if its atime and ctime are
-   still those the sweep chose it by: read, linked or unlinked since, it is kept.
+   still those the sweep chose it by: read, stored, linked or unlinked since, it is kept.
 6. **In recovery mode zookeeper only the leader deletes, fenced.** A sweep starts only on a
    server that may write (:meth:`check`), and each deletion goes through the HA delete path
    (:meth:`ZooKeeperHA.delete`): the epoch is confirmed with ZooKeeper, then the HA copy's
@@ -115,13 +118,19 @@ class ReadClock:
         if now - entry.read_at < self.granularity:
             return
         entry.read_at = now
-        with contextlib.suppress(OSError):  # gone: deleted since it was read
-            _record(entry.source, now, os.stat(entry.source).st_mtime_ns)
+        self.touch(entry.source, now)
+
+    def touch(self, name: str | os.PathLike[str], now: float | None = None, *, dir_fd: int | None = None) -> None:
+        """Record ``now`` in the atime of ``name`` (relative to ``dir_fd``) whatever it holds:
+        content stored by a PUT, or left by its last job name. Its mtime is kept."""
+        now = self.clock() if now is None else now
+        with contextlib.suppress(OSError):  # gone: deleted meanwhile, nothing to record
+            _record(name, now, os.stat(name, dir_fd=dir_fd).st_mtime_ns, dir_fd)
 
 
-def _record(file: int | str, now: float, mtime_ns: int) -> None:
+def _record(file: int | str | os.PathLike[str], now: float, mtime_ns: int, dir_fd: int | None = None) -> None:
     with contextlib.suppress(OSError):  # a file system refusing utime loses a record, not a read
-        os.utime(file, ns=(int(now * 1e9), mtime_ns))
+        os.utime(file, ns=(int(now * 1e9), mtime_ns), dir_fd=dir_fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +212,7 @@ class Retention:
                 except FileNotFoundError:
                     continue
                 last_read = info.st_atime + reads.granularity
-                if now - max(last_read, info.st_ctime) < self.grace:
+                if now - last_read < self.grace:
                     continue  # rule 3
                 unreferenced.append(Candidate(key, info.st_size, last_read, info.st_atime_ns, info.st_ctime_ns))
         unreferenced.sort(key=lambda candidate: candidate.last_read)

@@ -651,6 +651,8 @@ class BlobStorage:
                 if path is None:
                     with contextlib.suppress(FileExistsError):
                         os.link(name, name, src_dir_fd=objects, dst_dir_fd=cache)
+                    # Stored (again) just now: retention's grace counts from here.
+                    self.reads.touch(name, dir_fd=objects)
                     return None
                 return self._link_job(key, path)
             except BaseException:
@@ -857,6 +859,9 @@ class BlobStorage:
                 counted = info.st_ino not in self._uncounted
                 self._uncounted.discard(info.st_ino)
             self._count(-1, -info.st_size if counted else 0)
+        elif info.st_nlink == 2:
+            # Perhaps its last job name just went: retention's grace counts from here.
+            self.reads.touch(path)
 
     # --- start-up --------------------------------------------------------------------------
 
