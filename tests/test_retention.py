@@ -40,10 +40,12 @@ TTL = 3600.0
 
 
 class FakeClock:
-    """Wall time that moves only when told."""
+    """Wall time that moves only when told. It starts days ahead of the real clock, so that
+    the kernel's own atime updates (relatime: real time, and only over an atime older than
+    the ctime) never reach the atimes written in its time, and runs repeat exactly."""
 
     def __init__(self) -> None:
-        self.now = time.time()
+        self.now = time.time() + 10 * 86400
 
     def __call__(self) -> float:
         return self.now
@@ -217,6 +219,49 @@ def test_a_deletion_keeps_content_read_after_it_was_chosen(store: BlobStorage, c
     assert _exists(store, key)
 
 
+def test_an_eviction_never_deletes_content_a_job_names_whatever_it_is_told(store: BlobStorage) -> None:
+    """The check under the key's lock, on its own: even told the content is unchanged."""
+    key = put_streamed(store, b"named since it was chosen")
+    store.link(key, JobBlob(JOB, "lib.jar"))
+    assert store.evict(key, lambda info: True) is None
+    assert read_blob(store, ContentKey(key)) == read_blob(store, JobBlob(JOB, "lib.jar"))
+    store.delete(WholeJob(JOB))
+    assert store.evict(key, lambda info: True) == len(b"named since it was chosen")
+    assert store.usage() == (0, 0)
+
+
+def _race(
+    store: BlobStorage, key: bytes, target: JobBlob, still: Callable[[os.stat_result], bool]
+) -> tuple[bool, int | None]:
+    """LINK ``key`` as ``target`` in one thread while another evicts it; either may start a
+    little later. Whether LINK found the content, and what the eviction returned."""
+    start = threading.Barrier(2)
+    delays = random.choice([(0.0, random.random() / 500), (random.random() / 500, 0.0)])
+    linked: list[bool] = []
+    evicted: list[int | None] = []
+
+    def link() -> None:
+        start.wait()
+        time.sleep(delays[0])
+        try:
+            store.link(key, target)
+            linked.append(True)
+        except NotFound:
+            linked.append(False)
+
+    def evict() -> None:
+        start.wait()
+        time.sleep(delays[1])
+        evicted.append(store.evict(key, still))
+
+    threads = [threading.Thread(target=link), threading.Thread(target=evict)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return linked[0], evicted[0]
+
+
 def test_a_link_racing_an_eviction_either_links_or_finds_nothing(store: BlobStorage, clock: FakeClock) -> None:
     """Two threads, many rounds: LINK either wins (its name reads right, the content stays)
     or gets NOT_FOUND (no name, nothing dangling); never both a link and a deletion."""
@@ -228,37 +273,9 @@ def test_a_link_racing_an_eviction_either_links_or_finds_nothing(store: BlobStor
         clock.advance(TTL + GRACE)
         (chosen,) = retention.plan()
         target = JobBlob(JOB, f"n{round_}")
-        start = threading.Barrier(2)
-        linked: list[bool] = []
-        evicted: list[int | None] = []
-
-        def link(
-            key: bytes = key, target: JobBlob = target, barrier: threading.Barrier = start, linked: list[bool] = linked
-        ) -> None:
-            barrier.wait()
-            try:
-                store.link(key, target)
-                linked.append(True)
-            except NotFound:
-                linked.append(False)
-
-        def evict(
-            key: bytes = key,
-            barrier: threading.Barrier = start,
-            evicted: list[int | None] = evicted,
-            still: Callable[[os.stat_result], bool] = chosen.unchanged,
-        ) -> None:
-            barrier.wait()
-            time.sleep(random.random() / 500)  # either may come first
-            evicted.append(store.evict(key, still))
-
-        threads = [threading.Thread(target=link), threading.Thread(target=evict)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(10)
-        assert linked[0] != (evicted[0] is not None), (linked, evicted)
-        if linked[0]:
+        linked, evicted = _race(store, key, target, chosen.unchanged)
+        assert linked != (evicted is not None), (linked, evicted)
+        if linked:
             outcomes["linked"] += 1
             assert read_blob(store, target) == data
             assert read_blob(store, ContentKey(key)) == data
@@ -549,6 +566,7 @@ async def test_in_zookeeper_mode_only_the_leader_deletes_and_the_ha_copy_goes_wi
 
             clock.advance(TTL + GRACE + READ_GRANULARITY)
             assert await standby.retention.sweep() == []
+            assert standby.retention.status()["retention"]["sweeps"] == 0  # not even planned
             assert _exists(standby.storage, on_standby)
 
             # Read after it was chosen: the local check keeps it and puts its HA name back.
