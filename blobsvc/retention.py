@@ -207,13 +207,16 @@ class Retention:
                     continue
                 try:
                     info = entry.stat(follow_symlinks=False)
-                    if info.st_nlink != 2 or os.stat(layout.content(key)).st_ino != info.st_ino:
+                    if info.st_nlink != 2:
                         continue  # a job names it (rule 1), or it is garbage on its way out
+                    last_read = info.st_atime + reads.granularity
+                    if now - last_read < self.grace:
+                        continue  # rule 3
+                    # Its other link may be a job's name instead: only the content name counts.
+                    if os.stat(layout.content(key)).st_ino != info.st_ino:
+                        continue
                 except FileNotFoundError:
                     continue
-                last_read = info.st_atime + reads.granularity
-                if now - last_read < self.grace:
-                    continue  # rule 3
                 unreferenced.append(Candidate(key, info.st_size, last_read, info.st_atime_ns, info.st_ctime_ns))
         unreferenced.sort(key=lambda candidate: candidate.last_read)
         chosen: list[Candidate] = []

@@ -588,3 +588,27 @@ async def test_in_zookeeper_mode_only_the_leader_deletes_and_the_ha_copy_goes_wi
             await standby.shutdown()
     finally:
         await leader.shutdown()
+
+
+def test_retention_settings_are_off_by_default_and_take_off_sizes_and_seconds() -> None:
+    defaults = Settings()
+    assert (defaults.content_ttl, defaults.max_store_bytes) == (None, None)
+    assert (defaults.retention_grace, defaults.retention_interval) == (600.0, 300.0)
+    loaded = Settings.load({"content_ttl": "86400", "max_store_bytes": "50GiB"}, environ={})
+    assert (loaded.content_ttl, loaded.max_store_bytes) == (86400.0, 50 << 30)
+    assert Settings.load({"content_ttl": "off", "max_store_bytes": "0"}, environ={}).max_store_bytes is None
+    assert Settings.default_text("content_ttl") == "off"
+    with pytest.raises(ValueError, match="content_ttl"):
+        Settings.load({"content_ttl": "-5"}, environ={})
+
+
+def test_serve_takes_the_retention_options() -> None:
+    from click.testing import CliRunner
+
+    from blobsvc.cli import main
+
+    result = CliRunner().invoke(main, ["serve", "--help"])
+    for option in ("--content-ttl", "--max-store-bytes", "--retention-grace", "--retention-interval"):
+        assert option in result.output
+    bad = CliRunner().invoke(main, ["serve", "--max-store-bytes", "lots"])
+    assert bad.exit_code == 2 and "--max-store-bytes" in bad.output
