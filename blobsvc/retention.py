@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 from ._exceptions import NotLeader
 from ._layout import key_from_filename
 from ._protocol import ContentKey
+from ._threads import wait_out
 
 if TYPE_CHECKING:
     from ._hotblobs import HotBlob
@@ -250,7 +251,7 @@ class Retention:
         async with self._sweeping:
             if not self._may_delete():
                 return []
-            chosen = await asyncio.to_thread(self.plan)
+            chosen = await asyncio.to_thread(self.plan)  # only reads: left to finish alone on shutdown
             deleted: list[Candidate] = []
             for start in range(0, len(chosen), DELETE_BATCH):
                 batch = chosen[start : start + DELETE_BATCH]
@@ -277,7 +278,10 @@ class Retention:
             # The HA copy first, as DELETE does: a lazy recovery must not bring it back.
             # Fenced: the epoch is confirmed before anything is removed.
             await self.ha.delete(target)
-        size = await asyncio.to_thread(self.storage.evict, candidate.key, candidate.unchanged)
+        # Waited out even when the server shuts down: storage closes its journal next.
+        evicting = asyncio.ensure_future(asyncio.to_thread(self.storage.evict, candidate.key, candidate.unchanged))
+        await wait_out(evicting)
+        size = evicting.result()
         if size is None:
             if self.ha.copies_uploads:
                 await self._restore(candidate.key)
