@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from blobsvc import BlobClient, BlobServer, NotFound, Settings
 from blobsvc._protocol import ContentKey, JobBlob, WholeJob
-from blobsvc.ha.coordinator import Standalone
+from blobsvc.ha.coordinator import Standalone, ZooKeeperHA
 from blobsvc.retention import READ_GRANULARITY, Retention
 from blobsvc.storage import BlobStorage
 
@@ -612,3 +612,44 @@ def test_serve_takes_the_retention_options() -> None:
         assert option in result.output
     bad = CliRunner().invoke(main, ["serve", "--max-store-bytes", "lots"])
     assert bad.exit_code == 2 and "--max-store-bytes" in bad.output
+
+
+@pytest.mark.timeout(180)
+async def test_a_leader_that_loses_its_session_mid_sweep_deletes_nothing_more(
+    zookeeper: Any, tmp_path: Path, clock: FakeClock
+) -> None:
+    """The session is expired for real (kazoo's harness trick: a second client opens it,
+    then closes it) between the sweep's plan and its deletions: none of them happens, on
+    the local disk or in the HA store, and the sweep stops."""
+    from kazoo.client import KazooClient
+
+    from blobsvc import AsyncBlobClient
+
+    leader = await _ha_server(zookeeper, tmp_path, "a", clock)
+    try:
+        await _until(lambda: leader.ha.status()["role"] == "leader", "the server leads")
+        async with AsyncBlobClient(f"127.0.0.1:{leader.address[1]}", retries=0, timeout=20) as client:
+            keys = [bytes.fromhex(await client.put(bytes([i]) * 100)) for i in range(40)]
+        clock.advance(TTL + GRACE + READ_GRANULARITY)
+        planned = leader.retention.plan
+
+        def plan_then_lose_the_session() -> list[Any]:
+            chosen = planned()
+            assert isinstance(leader.ha, ZooKeeperHA)
+            intruder = KazooClient(hosts=zookeeper.hosts, client_id=leader.ha._client.client_id)
+            intruder.start(timeout=10)
+            intruder.stop()
+            intruder.close()
+            deadline = time.monotonic() + 20
+            while leader.ha.status()["role"] == "leader" and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return chosen
+
+        leader.retention.plan = plan_then_lose_the_session  # type: ignore[method-assign]
+        assert await leader.retention.sweep() == []
+        ha_root = tmp_path / "ha" / "retention" / "objects"
+        for key in keys:
+            assert _exists(leader.storage, key)
+            assert (ha_root / key.hex()[:2] / key.hex() / "content").exists()
+    finally:
+        await leader.shutdown()
