@@ -5,9 +5,10 @@
 Two settings, both off by default. With ``content_ttl``, content that no job names and that
 nobody has read for that long is deleted. With ``max_store_bytes``, once the server's blobs
 (:meth:`BlobStorage.usage`) pass the limit, unreferenced content is deleted, least recently
-read first, until they are under it. A :class:`Retention` sweep does both, every
-``retention_interval`` seconds, and within :data:`LIMIT_CHECK` seconds of the store passing
-its limit.
+read first, until they are under it. A :class:`Retention` sweep does both: the first
+:data:`LIMIT_CHECK` seconds after the start, then every ``retention_interval`` seconds, and
+within :data:`LIMIT_CHECK` seconds of the store passing its limit (unless the last sweep
+could not bring it under).
 
 What holds, each pinned by ``tests/test_retention.py``:
 

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -653,3 +654,31 @@ async def test_a_leader_that_loses_its_session_mid_sweep_deletes_nothing_more(
             assert (ha_root / key.hex()[:2] / key.hex() / "content").exists()
     finally:
         await leader.shutdown()
+
+
+async def test_a_server_sweeps_every_interval_and_soon_after_passing_its_limit(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(host="127.0.0.1", port="0", data_dir=tmp_path / "a", content_ttl=TTL, retention_interval=0.2)
+    async with BlobServer(settings, storage=BlobStorage(settings.data_dir, clock=clock)) as server:
+        key = put_streamed(server.storage, b"t" * 100)
+        clock.advance(TTL + GRACE + READ_GRANULARITY)
+        # Looked for without reading it: a read would count.
+        await _until(lambda: not server.storage.layout.content(key).exists(), "a sweep on its interval")
+
+    monkeypatch.setattr("blobsvc.retention.LIMIT_CHECK", 0.2)
+    settings = replace(settings, data_dir=tmp_path / "b", content_ttl=None, max_store_bytes=150, retention_interval=1e6)
+    async with BlobServer(settings, storage=BlobStorage(settings.data_dir, clock=clock)) as server:
+        old = put_streamed(server.storage, b"o" * 100)
+        clock.advance(GRACE + READ_GRANULARITY)
+        await _until(lambda: server.retention.sweeps == 1, "the sweep soon after the start")
+        await asyncio.sleep(0.5)
+        assert server.retention.sweeps == 1  # under the limit: nothing more until the interval
+        assert server.storage.layout.content(old).exists()
+        put_streamed(server.storage, b"n" * 100)
+        await _until(lambda: server.retention.deleted["limit"] == 1, "a sweep soon after passing the limit")
+        assert not server.storage.layout.content(old).exists()
+        put_streamed(server.storage, b"m" * 100)  # over again, but all of it in its grace period
+        await _until(lambda: server.retention.sweeps == 3, "a sweep soon after passing the limit again")
+        await asyncio.sleep(0.5)
+        assert server.retention.sweeps == 3  # it could not help: no sweep again until the interval
