@@ -24,19 +24,20 @@ What holds, each pinned by ``tests/test_retention.py``:
 3. **Never within the grace period.** Content stored, read, or left by its last job name
    less than ``retention_grace`` seconds ago is kept: a ``publish`` uploads content, then
    LINKs it, and a job whose names were deleted leaves its content there a while.
-4. **The atime says when content was last used, never later than it was.** Storage writes
-   it, in the server's clock, when a PUT stores content (new or again), when a job's name
-   that linked it goes and leaves it unreferenced, and when it is read. A read is GET
-   (binary or HTTP, hot blobs served from memory included), HTTP HEAD, STAT, and the lazy
-   fetch of a blob from the HA store: whatever opens a blob (:meth:`BlobStorage.open_blob`)
-   or serves it from memory. STAT counts because ``publish`` asks it before deciding not to
-   upload, then LINKs. LINK itself is not a read: it makes the content referenced, and its
-   unlinking is recorded. :class:`ReadClock` writes a read only when the atime is
-   :data:`READ_GRANULARITY` or more older than it, so a hot blob costs one ``utime`` a
-   minute, not one per GET; a sweep takes ``atime + READ_GRANULARITY`` as the last use, since
-   no read after that went unrecorded. The atime is in the inode, so a restart keeps it;
-   nothing is held in memory that a restart could lose, and nothing is ever written older
-   than it was (a clock gone backwards leaves the atime in the future: content kept).
+4. **A last use is never taken for earlier than it was.** Storage writes the atime, in the
+   server's clock, when a PUT stores content (new or again), when a job's name that linked
+   it goes and leaves it unreferenced, and when it is read. A read is GET (binary or HTTP,
+   hot blobs served from memory included), HTTP HEAD, STAT, and the lazy fetch of a blob
+   from the HA store: whatever opens a blob (:meth:`BlobStorage.open_blob`) or serves it
+   from memory. STAT counts: a client asking whether content is there is about to use it
+   (fetch it, or link it instead of uploading). LINK is not a read: it makes the content
+   referenced, which keeps it anyway, and its name's going is recorded. :class:`ReadClock`
+   writes a read only when the atime is :data:`READ_GRANULARITY` or more older than it, so
+   a hot blob costs one ``utime`` a minute, not one per GET; a sweep takes ``atime +
+   READ_GRANULARITY`` as the last use, since no read after that went unrecorded. The atime
+   is in the inode, so a restart keeps it; nothing is held in memory that a restart could
+   lose, and nothing is ever written older than it was (a clock gone backwards leaves the
+   atime in the future: content kept).
 5. **Chosen and deleted as seen.** A candidate is deleted only if its atime and ctime are
    still those the sweep chose it by: read, stored, linked or unlinked since, it is kept.
 6. **In recovery mode zookeeper only the leader deletes, fenced.** A sweep starts only on a
@@ -54,8 +55,9 @@ Each deletion is logged (one line: key, bytes, ``ttl`` or ``limit``) and counted
 :meth:`Retention.status`, which STATUS and the metrics show.
 
 Caveats: the atime a ``utime`` wrote reaches the disk with the inode's next write-back (ext4
-commits metadata every 5 s), so a crash can lose the reads of its last few seconds. A sweep
-stats every object, a few seconds per million blobs, in a worker thread. A client DELETE of
+commits metadata every 5 s), so a crash can lose the uses of its last few seconds. A sweep
+stats every object in a worker thread: about 20 µs each on a loaded 2-core machine, some
+20 s per million blobs. A client DELETE of
 the very content a refused deletion is putting back in the HA store (rule 6) may leave its
 HA content name, which a later GET would fetch again.
 """
