@@ -682,3 +682,26 @@ async def test_a_server_sweeps_every_interval_and_soon_after_passing_its_limit(
         await _until(lambda: server.retention.sweeps == 3, "a sweep soon after passing the limit again")
         await asyncio.sleep(0.5)
         assert server.retention.sweeps == 3  # it could not help: no sweep again until the interval
+
+
+def test_a_clock_gone_backwards_never_writes_a_use_older(store: BlobStorage, clock: FakeClock) -> None:
+    key = put_streamed(store, b"read while the clock is behind")
+    stored = os.stat(store.layout.object(key)).st_atime_ns
+    clock.advance(-86400)
+    read_blob(store, ContentKey(key))
+    assert os.stat(store.layout.object(key)).st_atime_ns == stored
+    clock.advance(86400 + GRACE)
+    assert _sweep(_retention(store, content_ttl=TTL)) == []
+
+
+def test_an_upload_under_way_when_its_content_is_deleted_stores_it_anew(store: BlobStorage, clock: FakeClock) -> None:
+    data = b"uploaded again while retention deletes it"
+    key = put_streamed(store, data)
+    clock.advance(TTL + GRACE)
+    (chosen,) = _retention(store, content_ttl=TTL).plan()
+    with store.stage() as upload:
+        upload.write(data)
+        assert store.evict(key, chosen.unchanged) == len(data)
+        assert store.publish(upload, None, key) == key
+    assert read_blob(store, ContentKey(key)) == data
+    assert store.usage() == (1, len(data))
