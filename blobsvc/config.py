@@ -297,7 +297,9 @@ class Settings:
         "Bytes of blobs past which unreferenced content is deleted, least recently read first; off when unset.",
     )
     retention_grace: float = _setting(
-        600.0, _parse_seconds, "Seconds after its upload, link or last read during which content is never deleted."
+        600.0,
+        _parse_seconds,
+        "Seconds after its upload, last read or last job name going during which content is never deleted.",
     )
     retention_interval: float = _setting(
         300.0, _parse_seconds, "Seconds between retention sweeps (content_ttl, max_store_bytes)."
