@@ -182,6 +182,10 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("agent_heartbeat_interval")
 @setting_option("agent_lost_after")
 @setting_option("connect_timeout")
+@setting_option("content_ttl")
+@setting_option("max_store_bytes")
+@setting_option("retention_grace")
+@setting_option("retention_interval")
 @click.pass_context
 def serve(ctx: click.Context, /, **options: Any) -> None:
     """Run a blob server until SIGTERM or SIGINT.

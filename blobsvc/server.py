@@ -106,6 +106,7 @@ from .config import Settings, package_version
 from .ha import HighAvailability, high_availability
 from .hosts import HostRegistry, HostReport, heartbeat_reply
 from .http import HttpConnection, HttpFace, bad_request_bytes
+from .retention import Retention
 from .storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
 
 if TYPE_CHECKING:
@@ -147,6 +148,9 @@ class BlobServer:
         self.storage = storage or BlobStorage(self.settings.data_dir, verify_on_start=self.settings.verify_on_start)
         self.ha = ha or high_availability(self.settings)
         """The recovery mode: asked before serving, storing, acknowledging, and for missing blobs."""
+        self.retention = Retention.from_settings(self.storage, self.ha, self.settings)
+        """Deletes unreferenced content past ``content_ttl`` or ``max_store_bytes`` (when set)."""
+        self._sweeping: asyncio.Task[None] | None = None
         self._secret = self.settings.secret()
         self._tls = server_context_for(self.settings)
         self.committer = GroupCommitter(self.storage)
@@ -166,7 +170,7 @@ class BlobServer:
         """Requests served, by kind (``"GET"``, ``"PUT"``, …): for operators and tests."""
         self.observers: list[RequestObserver] = []
         """Called after each request (metrics, request logs); none costs nothing."""
-        self.status_sources: list[Callable[[], Mapping[str, Any]]] = [self.ha.status]
+        self.status_sources: list[Callable[[], Mapping[str, Any]]] = [self.ha.status, self.retention.status]
         """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
         event loop and from the metrics thread, so they only read."""
         self._started = time.time()
@@ -215,6 +219,8 @@ class BlobServer:
             self._listener.close()
             raise
         self._accepting.append(asyncio.create_task(self.slots.accept(self._listener, self._binary_connection)))
+        if self.retention.enabled:
+            self._sweeping = asyncio.create_task(self.retention.run())
         if self.settings.http_ports is not None:
             self._http_listener = bind_listener(self.settings.host, self.settings.http_ports)
             self._accepting.append(asyncio.create_task(self.slots.accept(self._http_listener, self._http_connection)))
@@ -265,6 +271,10 @@ class BlobServer:
         (``shutdown_timeout`` by default), cancel what is left."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
         self.slots.closing = True
+        if self._sweeping is not None:  # before stepping down: no deletion outlives leadership
+            self._sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeping
         # Step down first: clients move on to the next leader while we finish.
         await self.ha.stop()
         for accepting in self._accepting:
