@@ -28,6 +28,7 @@ PUBLISHED = {
     **{f"benchmarks/{png.name}": f"results/{png.name}" for png in sorted(BENCHMARKS.glob("*.png"))},
 }
 LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?P<rest>[^)]*)\)")
+TABLE_CELL = re.compile(r"<td>.*?</td>", re.DOTALL)
 
 
 def on_files(files: Files, config: Any) -> Files:
@@ -48,3 +49,9 @@ def on_page_markdown(markdown: str, page: Page, config: Any, files: Files) -> st
         return f"]({posixpath.relpath(PUBLISHED[target], here or '.')}{match['rest']})"
 
     return LINK.sub(relink, markdown)
+
+
+def on_page_content(html: str, page: Page, config: Any, files: Files) -> str:
+    """A `|` inside code in a table cell is written `\\|` (as GitHub wants it); Python-Markdown
+    keeps the backslash there, so drop it."""
+    return TABLE_CELL.sub(lambda cell: cell[0].replace("\\|", "|"), html)
