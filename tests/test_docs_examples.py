@@ -1,10 +1,11 @@
 """The examples of README.md and of the pages under docs/ still run as written.
 
-* README's command-line and Python examples run against a real local server (a ``blobsvc
-  serve`` process on 127.0.0.1): the shell block in bash, from the repository's root, with
-  ``BLOBSVC_SERVER`` naming the test's server (the block relies on the default server, which
-  is that variable's); the Python block with the test's address in place of
-  ``127.0.0.1:6130``. Both write under the test's directory in place of ``/tmp/``.
+* README's command-line and Python examples, and the Python client page's, run against a
+  real local server (a ``blobsvc serve`` process on 127.0.0.1): the shell block in bash,
+  from the repository's root, with ``BLOBSVC_SERVER`` naming the test's server (the block
+  relies on the default server, which is that variable's); the Python blocks with the
+  test's address in place of ``127.0.0.1:6130``. All write under the test's directory in
+  place of ``/tmp/``.
 * Every ``blobsvc ...`` command line in a shell block of README.md or of a docs page is
   parsed by blobsvc's own click commands: the command exists, and so does every option it
   is given, with a value of the right type. They are not run: most name hosts such as
@@ -83,6 +84,19 @@ def test_readme_python_example_runs(spawn_server: Callable[..., ServerProcess], 
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "model.bin").read_bytes() == b"weights"
     assert "BlobInfo(" in done.stdout and "name='model.bin'" in done.stdout
+
+
+def test_python_client_page_example_runs(spawn_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    """docs/python.md's example, in a directory that has the target/app.jar it uploads."""
+    server = spawn_server()
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "app.jar").write_bytes(b"PK\x05\x06" + bytes(18))
+    code = the_block(ROOT / "docs" / "python.md", "python", "BlobClient(")
+    code = code.replace("127.0.0.1:6130", server.address).replace("/tmp/", f"{tmp_path}/")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "model.bin").read_bytes() == b"..."
+    assert "name='model.bin'" in done.stdout
 
 
 @pytest.mark.parametrize("path", [README, *PAGES], ids=lambda path: path.name)
