@@ -172,3 +172,19 @@ def test_yaml_examples_parse(path: Path) -> None:
     """The Prometheus scrape and alert examples, and any other YAML block, are valid YAML."""
     for body in blocks(path, "yaml", "yml"):
         assert yaml.safe_load(body) is not None
+
+
+def test_readme_is_short_and_its_links_resolve() -> None:
+    """README stays an entry point (the rest is in docs/), and its relative links lead to files
+    and headings that exist, as GitHub shows them (mkdocs build --strict checks docs/ itself)."""
+    text = README.read_text()
+    assert len(text.encode()) < 15_000
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        assert (ROOT / path).is_file(), target
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.MULTILINE)
+            slugs = {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+            assert anchor in slugs, target
