@@ -331,7 +331,7 @@ class StatusRequest:
 @dataclass(frozen=True, slots=True)
 class HeartbeatRequest:
     """An executor host's agent reports itself: a JSON object (its address, cache figures,
-    the jobs it holds), documented in README, not fixed by the protocol."""
+    the jobs it holds), documented in docs/operating.md, not fixed by the protocol."""
 
     report: dict[str, Any]
 
