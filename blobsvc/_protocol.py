@@ -343,7 +343,7 @@ class HostsRequest:
 @dataclass(frozen=True, slots=True)
 class HeartbeatRequest:
     """An executor host's agent reports itself: a JSON object (its address, cache figures,
-    the jobs it holds), documented in README, not fixed by the protocol."""
+    the jobs it holds), documented in docs/operating.md, not fixed by the protocol."""
 
     report: dict[str, Any]
 
@@ -1003,7 +1003,7 @@ class ClientConnection(_Receiver):
     def _read_server_hello(self) -> ServerHello | ErrorFrame | Signal:
         if self._buf[:1] == bytes([_STATUS_ERROR]):
             return self._read_error()  # BUSY, UNSUPPORTED_VERSION: refused at the door
-        if HTTP_REPLY.startswith(self._buf[: len(HTTP_REPLY)]):
+        if self._buf and HTTP_REPLY.startswith(self._buf[: len(HTTP_REPLY)]):  # not a bare EOF
             head_end = self._buf.find(b"\r\n\r\n")
             if head_end < 0 and len(self._buf) < MAX_HTTP_HEAD and not self._eof:
                 return NEED_DATA

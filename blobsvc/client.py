@@ -757,7 +757,7 @@ class AsyncBlobClient:
 
     async def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The server's status: version, uptime, role, blobs and bytes stored, free disk,
-        connections, requests served (README, "Operating blobsvc", lists the fields)."""
+        connections, requests served (docs/operating.md, "blobsvc status", lists the fields)."""
         reply = await self._simple(StatusRequest(), timeout)
         assert isinstance(reply, StatusOk)
         return reply.status

@@ -246,7 +246,7 @@ def _setting(default: Any, parse: Callable[[Any], Any], help: str, *, factory: b
 
 @dataclass(frozen=True)
 class Settings:
-    """Every setting of a server and of the client commands. See the README's table."""
+    """Every setting of a server and of the client commands. See docs/configuration.md."""
 
     # server
     host: str = _setting("127.0.0.1", str, "Address to listen on; 0.0.0.0 for every interface.")
