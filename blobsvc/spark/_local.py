@@ -30,8 +30,8 @@ from pathlib import Path
 
 from .._tls import client_context_for
 from ..cache import BlobCache
+from ..cache._archives import archive_kind, prune, unpack
 from ..config import Settings
-from ._archives import archive_kind, prune, unpack
 from ._artifacts import Artifact, Kind
 
 __all__ = ["CacheOptions", "current_task", "hold", "release_driver", "resolve", "add_py_files"]
