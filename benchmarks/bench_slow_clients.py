@@ -25,8 +25,9 @@ import sys
 import time
 from typing import Any
 
-from benchmarks._serve import serve
 from blobsvc import AsyncBlobClient, BlobError
+
+from ._serve import serve
 
 PREAMBLE = b"BLOB\x01\x00"
 PUT_HEADER = b"\x00\x00" + (1 << 20).to_bytes(8, "little")

@@ -31,8 +31,9 @@ from typing import Any
 
 import trustme
 
-from benchmarks._serve import serve
 from blobsvc import AsyncBlobClient, client_tls_context
+
+from ._serve import serve
 
 
 def emit(record: dict[str, Any]) -> None:

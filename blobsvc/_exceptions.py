@@ -133,15 +133,15 @@ class Timeout(TransportError):
 
 
 class ConnectTimeout(Timeout):
-    pass
+    """Connecting took longer than its timeout."""
 
 
 class ReadTimeout(Timeout):
-    pass
+    """Reading from the peer took longer than its timeout."""
 
 
 class WriteTimeout(Timeout):
-    pass
+    """Writing to the peer took longer than its timeout."""
 
 
 class ServerError(BlobError):

@@ -80,6 +80,8 @@ from .wire._protocol import (
     HeartbeatOk,
     HeartbeatRequest,
     Hello,
+    HostsOk,
+    HostsRequest,
     JobBlob,
     LinkOk,
     LinkRequest,
@@ -759,10 +761,18 @@ class AsyncBlobClient:
 
     async def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The server's status: version, uptime, role, blobs and bytes stored, free disk,
-        connections, requests served (README, "Operating blobsvc", lists the fields)."""
+        connections, requests served (docs/operating.md, "blobsvc status", lists the fields)."""
         reply = await self._simple(StatusRequest(), timeout)
         assert isinstance(reply, StatusOk)
         return reply.status
+
+    async def hosts(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """The executor hosts whose agents report to the server: ``{"hosts": [...], "now": …}``
+        (docs/protocol.md, "HOSTS", lists the fields); ``now`` is the server's clock, which
+        each host's ``last_seen`` is on. Retried and sent to the leader as :meth:`status` is."""
+        reply = await self._simple(HostsRequest(), timeout)
+        assert isinstance(reply, HostsOk)
+        return reply.hosts
 
     async def heartbeat(self, report: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
         """Report an executor host's agent to the server (docs/protocol.md, "HEARTBEAT", lists
@@ -1263,6 +1273,7 @@ class BlobClient:
     list = _blocking(AsyncBlobClient.list)
     status = _blocking(AsyncBlobClient.status)
     heartbeat = _blocking(AsyncBlobClient.heartbeat)
+    hosts = _blocking(AsyncBlobClient.hosts)
     link = _blocking(AsyncBlobClient.link)
     put_file = _blocking(AsyncBlobClient.put_file)
 

@@ -248,6 +248,21 @@ def _parse_interval(text: str | float) -> float:
     return value
 
 
+def _off(parse: Callable[[Any], _N]) -> Callable[[Any], _N | None]:
+    """``parse``, or None (off) for ``off``, ``none``, an empty value or 0."""
+
+    def parse_or_off(text: Any) -> _N | None:
+        if text is None or str(text).strip().lower() in ("", "off", "none", "0"):
+            return None
+        return parse(text)
+
+    return parse_or_off
+
+
+_seconds_or_off = _off(_parse_seconds)
+_size_or_off = _off(parse_size)
+
+
 def _setting(default: Any, parse: Callable[[Any], Any], help: str, *, factory: bool = False) -> Any:
     meta = {"parse": parse, "help": help}
     if factory:
@@ -257,7 +272,7 @@ def _setting(default: Any, parse: Callable[[Any], Any], help: str, *, factory: b
 
 @dataclass(frozen=True)
 class Settings:
-    """Every setting of a server and of the client commands. See the README's table."""
+    """Every setting of a server and of the client commands. See docs/configuration.md."""
 
     # server
     host: str = _setting("127.0.0.1", str, "Address to listen on; 0.0.0.0 for every interface.")
@@ -298,6 +313,23 @@ class Settings:
         None, _optional_path, "CA bundle for client certificates; when set, clients must present one (mutual TLS)."
     )
     tls_min_version: str = _setting("1.3", _parse_tls_version, "Oldest TLS version the server accepts: 1.2 or 1.3.")
+    # retention of unreferenced content (blobsvc.server._retention)
+    content_ttl: float | None = _setting(
+        None, _seconds_or_off, "Seconds after which content no job names and nobody read is deleted; off when unset."
+    )
+    max_store_bytes: int | None = _setting(
+        None,
+        _size_or_off,
+        "Bytes of blobs past which unreferenced content is deleted, least recently read first; off when unset.",
+    )
+    retention_grace: float = _setting(
+        600.0,
+        _parse_seconds,
+        "Seconds after its upload, last read or last job name going during which content is never deleted.",
+    )
+    retention_interval: float = _setting(
+        300.0, _parse_seconds, "Seconds between retention sweeps (content_ttl, max_store_bytes)."
+    )
     # high availability
     recovery_mode: str = _setting(
         "standalone", _parse_recovery_mode, "standalone (local disk only) or zookeeper (leader election, HA store)."
@@ -443,7 +475,7 @@ class Settings:
         if value is dataclasses.MISSING:
             value = field.default_factory()  # type: ignore[operator]
         if value is None:
-            return "none"
+            return "off" if field.metadata["parse"] in (_seconds_or_off, _size_or_off) else "none"
         if isinstance(value, bool):
             return str(value).lower()
         if field.metadata["parse"] is parse_size:
@@ -494,6 +526,8 @@ class Settings:
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 _METAVARS: dict[Callable[[Any], Any], str] = {
     _parse_seconds: "SECONDS",
+    _seconds_or_off: "SECONDS|off",
+    _size_or_off: "SIZE|off",
     _parse_interval: "SECONDS",
     parse_size: "SIZE",
     _parse_port: "PORT[-PORT]",

@@ -25,9 +25,10 @@ from blobsvc.agent._source import CacheSource
 from blobsvc.config import package_version
 from blobsvc.http import blob_url
 from blobsvc.wire._protocol import ContentKey, JobBlob
-from tests.agent_helpers import AgentProcess, run_agent, start_agent
-from tests.conftest import ServerThread
-from tests.test_cache_faults import FaultyProxy, running
+
+from .agent_helpers import AgentProcess, run_agent, start_agent
+from .conftest import ServerThread
+from .test_cache_faults import FaultyProxy, running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -323,12 +324,12 @@ def test_the_agent_reports_to_the_server_and_is_lost_once_it_stops(
     beating_server: ServerThread, tmp_path: Path
 ) -> None:
     with run_agent(beating_server.address, tmp_path / "cache") as agent:
-        wait_for(lambda: len(beating_server.server.status()["hosts"]) == 1)
-        (host,) = beating_server.server.status()["hosts"]
+        wait_for(lambda: len(beating_server.server.hosts.listing()) == 1)
+        (host,) = beating_server.server.hosts.listing()
         assert host["agent"] == f"{socket.gethostname()}:{agent.port}"
         assert (host["state"], host["cache_max_bytes"], host["version"]) == ("live", 10 << 30, package_version())
         assert agent.terminate() == 0
-    wait_for(lambda: beating_server.server.status()["hosts"][0]["state"] == "lost")
+    wait_for(lambda: beating_server.server.hosts.listing()[0]["state"] == "lost")
 
 
 def test_a_job_deleted_on_the_server_is_released_and_its_files_go_while_its_content_stays(

@@ -16,7 +16,8 @@ import trustme
 from click.testing import CliRunner
 
 from blobsvc.cli import main
-from tests.conftest import ServerProcess
+
+from .conftest import ServerProcess
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_flink
-from tests.test_bench_smoke import run_quick
+
+from .test_bench_smoke import run_quick
 
 EXTRA = "pip install 'blobsvc[flink-bench]'"
 OPERATIONS = ("put_memory", "get_memory", "put_file", "get_file")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_bench_smoke import run_quick
+from .test_bench_smoke import run_quick
 
 
 @pytest.mark.slow

@@ -21,7 +21,8 @@ import pytest
 
 from blobsvc import BlobClient, InvalidArgumentType, LocalProtocolError, new_job_id
 from blobsvc.cache import BlobCache, CacheFull, TooLargeForCache
-from tests.conftest import ServerThread
+
+from .conftest import ServerThread
 
 MiB = 1 << 20
 

@@ -13,8 +13,9 @@ from click.testing import CliRunner
 from blobsvc import BlobClient, new_job_id
 from blobsvc.cache import BlobCache
 from blobsvc.cli import main
-from tests.conftest import ServerThread
-from tests.test_cache import MiB, overwrite
+
+from .conftest import ServerThread
+from .test_cache import MiB, overwrite
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:

@@ -19,8 +19,9 @@ import pytest
 
 from blobsvc import BlobClient, ConnectionClosed
 from blobsvc.cache import BlobCache
-from tests.conftest import ServerThread
-from tests.test_cache import MiB, gets, hex_digest
+
+from .conftest import ServerThread
+from .test_cache import MiB, gets, hex_digest
 
 CHUNK = 64 << 10
 PREAMBLE, STAT_OK, GET_OK = 6, 41, 41  # reply sizes, from docs/protocol.md

@@ -27,9 +27,10 @@ import pytest
 
 from blobsvc import BlobClient, new_job_id
 from blobsvc.cache import BlobCache
-from tests.conftest import ServerThread
-from tests.test_cache import MiB, gets, hex_digest, wait_until
-from tests.test_cache_faults import FaultyProxy, running
+
+from .conftest import ServerThread
+from .test_cache import MiB, gets, hex_digest, wait_until
+from .test_cache_faults import FaultyProxy, running
 
 CONTEXT: ForkServerContext = multiprocessing.get_context("forkserver")
 CONTEXT.set_forkserver_preload(["blobsvc.cache"])

@@ -15,8 +15,9 @@ from blobsvc import BlobClient, new_job_id
 from blobsvc.cache import BlobCache, CacheStore
 from blobsvc.cache._counters import Counters
 from blobsvc.cli import main
-from tests.conftest import ServerThread
-from tests.test_cache_processes import CONTEXT
+
+from .conftest import ServerThread
+from .test_cache_processes import CONTEXT
 
 
 def counters(stats: object) -> dict[str, int]:

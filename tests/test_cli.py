@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 from blobsvc import BlobClient, new_job_id
 from blobsvc.cli import main
-from tests.conftest import ServerProcess, ServerThread
+
+from .conftest import ServerProcess, ServerThread
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:

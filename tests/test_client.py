@@ -39,7 +39,8 @@ from blobsvc import (
     new_job_id,
 )
 from blobsvc.client import BODY_BUFFER, BODY_BUFFERS
-from tests.conftest import CuttingProxy, ServerProcess, ServerThread, address_text
+
+from .conftest import CuttingProxy, ServerProcess, ServerThread, address_text
 
 SIZES = [0, 1, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 10 << 20]
 

@@ -32,7 +32,8 @@ from blobsvc.ha.coordinator import ZooKeeperHA
 from blobsvc.server import RESERVE_ON_LOOP_LIMIT
 from blobsvc.storage import Publication, StagedUpload
 from blobsvc.wire._protocol import JobBlob
-from tests.conftest import ServerProcess, assert_no_staging, staging_files
+
+from .conftest import ServerProcess, assert_no_staging, staging_files
 
 HELLO = b"BLOB\x01\x00"
 PUT, CONTENT, JOB = 0x00, 0x00, 0x01

@@ -26,9 +26,10 @@ from blobsvc.cache import BlobCache, TooLargeForCache
 from blobsvc.server import RESERVE_ON_LOOP_LIMIT
 from blobsvc.storage import StagedUpload
 from blobsvc.wire._protocol import JobBlob
-from tests.conftest import CuttingProxy, ServerThread
-from tests.test_client import flip_byte
-from tests.test_server_faults import STEP, MiB, digest, put_header, raw_connection
+
+from .conftest import CuttingProxy, ServerThread
+from .test_client import flip_byte
+from .test_server_faults import STEP, MiB, digest, put_header, raw_connection
 
 JOB = bytes.fromhex("d0000000000000000000000000000001")
 

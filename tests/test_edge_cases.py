@@ -35,7 +35,8 @@ from blobsvc import (
 )
 from blobsvc.cli import main
 from blobsvc.storage import Publication, StagedUpload
-from tests.conftest import CuttingProxy, assert_no_staging
+
+from .conftest import CuttingProxy, assert_no_staging
 
 HELLO = b"BLOB\x01\x00"
 STEP = 5.0

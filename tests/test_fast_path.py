@@ -35,9 +35,10 @@ from blobsvc.wire._protocol import (
     ServerConnection,
     encode_request,
 )
-from tests.conftest import assert_no_staging, staging_files
-from tests.test_metrics import scrape, value
-from tests.test_server_faults import (
+
+from .conftest import assert_no_staging, staging_files
+from .test_metrics import scrape, value
+from .test_server_faults import (
     AUTH,
     AUTH_REQUIRED,
     BAD_OFFSET,

@@ -26,7 +26,8 @@ from blobsvc import AsyncBlobClient, BlobError, BlobServer, DigestMismatch, Inte
 from blobsvc.storage import BlobStorage, Publication
 from blobsvc.storage._commit import GroupCommitter
 from blobsvc.wire._protocol import ContentKey, JobBlob
-from tests.conftest import ServerProcess
+
+from .conftest import ServerProcess
 
 JOB = bytes(range(16))
 

@@ -26,8 +26,9 @@ import s3fs
 from blobsvc import BlobCache, BlobClient, InternalError, new_job_id
 from blobsvc.ha.store import object_path, open_blob_store
 from blobsvc.wire._protocol import JobBlob
-from tests.s3 import MotoServer, s3
-from tests.zk import HaServer, ZooKeeper, running_zookeeper, wait_for_leader
+
+from .s3 import MotoServer, s3
+from .zk import HaServer, ZooKeeper, running_zookeeper, wait_for_leader
 
 pytestmark = pytest.mark.timeout(180)
 MiB = 1 << 20

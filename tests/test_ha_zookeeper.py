@@ -31,9 +31,10 @@ from blobsvc.cli import main
 from blobsvc.ha import discovery
 from blobsvc.ha.discovery import ZkPaths
 from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
-from tests.conftest import ServerThread
-from tests.test_cache_faults import FaultyProxy
-from tests.zk import HaServer, ZooKeeper, wait_for_leader
+
+from .conftest import ServerThread
+from .test_cache_faults import FaultyProxy
+from .zk import HaServer, ZooKeeper, wait_for_leader
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -535,6 +536,6 @@ def test_heartbeats_go_to_the_leader_and_a_job_only_the_ha_store_holds_is_not_go
             # The leader's disk loses the job (as a newly elected one may lack it); the HA store has it.
             leader.server.storage.delete(WholeJob(bytes.fromhex(kept)))
             assert client.heartbeat({**report, "jobs": [kept, ended]})["gone_jobs"] == [ended]
-            assert [host["agent"] for host in client.status()["hosts"]] == ["exec-1:6140"]
+            assert [host["agent"] for host in client.hosts()["hosts"]] == ["exec-1:6140"]
     finally:
         leader.stop()

@@ -19,8 +19,9 @@ from click.testing import CliRunner
 from blobsvc import AsyncBlobClient, AuthRequired, BadRequest, BlobClient, BlobServer, Settings, new_job_id
 from blobsvc.cli import main
 from blobsvc.server.hosts import COUNTERS, FORGET_AFTER, MAX_HOSTS, HostRegistry, HostReport
-from blobsvc.wire._protocol import MAX_HEARTBEAT_BYTES, MAX_STATUS_BYTES
-from tests.conftest import ServerThread
+from blobsvc.wire._protocol import MAX_HEARTBEAT_BYTES, MAX_HOSTS_BYTES
+
+from .conftest import ServerThread
 
 LOST_AFTER = 0.5
 
@@ -57,8 +58,8 @@ async def test_a_heartbeat_registers_its_host_live_in_status(client: AsyncBlobCl
     await client.put(b"x", job=job, name="a.jar")
     reply = await client.heartbeat(report(jobs=[job], future_field={"ignored": True}))
     assert reply == {"interval": 0.1, "lost_after": LOST_AFTER, "gone_jobs": []}
-    status = await client.status()
-    (host,) = status["hosts"]
+    listing, status = await client.hosts(), await client.status()
+    (host,) = listing["hosts"]
     assert host == {
         "agent": "exec-1.example.org:7070",
         "host": "exec-1.example.org",
@@ -74,8 +75,10 @@ async def test_a_heartbeat_registers_its_host_live_in_status(client: AsyncBlobCl
         "last_seen": host["last_seen"],
         "state": "live",
     }
-    assert abs(host["last_seen"] - status["started"] - status["uptime_seconds"]) < 5
+    assert abs(host["last_seen"] - listing["now"]) < 5
     assert status["heartbeats"] == 1 and status["requests"]["HEARTBEAT"] == 1
+    assert (status["hosts_live"], status["hosts_lost"]) == (1, 0)
+    assert "hosts" not in status, "STATUS stays small: every cache asks for it"
 
 
 async def test_a_host_silent_for_agent_lost_after_is_listed_lost_and_live_again_on_its_next_heartbeat(
@@ -86,10 +89,10 @@ async def test_a_host_silent_for_agent_lost_after_is_listed_lost_and_live_again_
     await asyncio.sleep(LOST_AFTER * 0.6)
     await client.heartbeat(report("chatty:1"))
     await asyncio.sleep(LOST_AFTER * 0.6)
-    states = [(host["agent"], host["state"]) for host in (await client.status())["hosts"]]
+    states = [(host["agent"], host["state"]) for host in (await client.hosts())["hosts"]]
     assert states == [("chatty:1", "live"), ("quiet:1", "lost")]  # live first
     await client.heartbeat(report("quiet:1"))
-    assert {host["state"] for host in (await client.status())["hosts"]} == {"live"}
+    assert {host["state"] for host in (await client.hosts())["hosts"]} == {"live"}
 
 
 async def test_gone_jobs_name_deleted_jobs_and_not_live_ones(client: AsyncBlobClient) -> None:
@@ -101,7 +104,7 @@ async def test_gone_jobs_name_deleted_jobs_and_not_live_ones(client: AsyncBlobCl
     upper = deleted.upper()  # answered as the agent wrote it
     reply = await client.heartbeat(report(jobs=[live, upper, emptied, unknown, live]))
     assert reply["gone_jobs"] == [upper, emptied, unknown]
-    assert (await client.status())["hosts"][0]["jobs"] == 4  # each job once
+    assert (await client.hosts())["hosts"][0]["jobs"] == 4  # each job once
 
 
 async def test_a_heartbeat_at_the_limit_listing_only_gone_jobs_is_answered_with_as_many_as_fit(
@@ -149,10 +152,10 @@ async def test_a_malformed_report_is_a_bad_request_naming_the_field(
     with pytest.raises(BadRequest, match=words) as caught:
         await client.heartbeat(document)
     assert "\n" not in str(caught.value)
-    assert (await client.status())["hosts"] == []  # nothing recorded, and the server still answers
+    assert (await client.hosts())["hosts"] == []  # nothing recorded, and the server still answers
 
 
-async def test_status_holds_as_many_hosts_as_the_registry_does_with_the_longest_fields(
+async def test_hosts_holds_as_many_hosts_as_the_registry_does_with_the_longest_fields(
     server: BlobServer, client: AsyncBlobClient
 ) -> None:
     longest = {name: (1 << 64) - 1 for name in COUNTERS} | {"host": "h" * 255, "version": "v" * 64}
@@ -160,9 +163,10 @@ async def test_status_holds_as_many_hosts_as_the_registry_does_with_the_longest_
     for number in range(server.hosts.max_hosts):
         agent = f"{number:0>255}:65535"
         server.hosts.record(HostReport.parse({"agent": agent, **longest, "jobs": many}))
-    status = await client.status()
-    assert len(status["hosts"]) == MAX_HOSTS
-    assert len(json.dumps(status, separators=(",", ":"))) < MAX_STATUS_BYTES
+    listing = await client.hosts()
+    assert len(listing["hosts"]) == MAX_HOSTS
+    assert len(json.dumps(listing, separators=(",", ":"))) < MAX_HOSTS_BYTES
+    assert len(json.dumps(await client.status(), separators=(",", ":"))) < 2000
 
 
 def exchange(server: BlobServer, request: bytes) -> bytes:
@@ -193,7 +197,7 @@ async def test_a_heartbeat_that_is_no_json_object_or_too_large_is_a_bad_request_
     code, length = struct.unpack_from("<HI", answer, 7)
     assert answer[6] == 1 and code == 1  # an error frame: BAD_REQUEST
     assert words in answer[13 : 13 + length]
-    assert (await client.status())["hosts"] == []
+    assert (await client.hosts())["hosts"] == []
 
 
 async def test_heartbeats_need_auth_when_the_server_has_a_secret(settings: Settings, tmp_path: Path) -> None:
@@ -205,7 +209,7 @@ async def test_heartbeats_need_auth_when_the_server_has_a_secret(settings: Setti
                 await anonymous.heartbeat(report())
         async with AsyncBlobClient(server.address, secret=b"s3cret") as member:
             assert (await member.heartbeat(report()))["gone_jobs"] == []
-            assert len((await member.status())["hosts"]) == 1
+            assert len((await member.hosts())["hosts"]) == 1
 
 
 def test_the_blocking_client_sends_heartbeats(server_thread: ServerThread) -> None:
@@ -216,7 +220,7 @@ def test_the_blocking_client_sends_heartbeats(server_thread: ServerThread) -> No
             "lost_after": LOST_AFTER,
             "gone_jobs": [job],
         }
-        assert client.status()["hosts"][0]["agent"] == "exec-1.example.org:7070"
+        assert client.hosts()["hosts"][0]["agent"] == "exec-1.example.org:7070"
 
 
 # --- the registry's rules, on a fake clock --------------------------------------------------
@@ -353,7 +357,7 @@ def test_status_hosts_prints_one_line_per_host_lost_ones_marked(server_thread: S
         ("exec-2.example.org:7070", "lost"),
     ]
     code, out, _ = run("status", "-s", server_thread.address)
-    assert "hosts: 1 live, 1 lost (status --hosts lists them)\n" in out and "heartbeats: 2\n" in out
+    assert "hosts live: 1\nhosts lost: 1\n" in out and "heartbeats: 2\n" in out
 
 
 def test_status_hosts_of_a_dead_server_exits_1_with_one_line() -> None:

@@ -26,7 +26,8 @@ from click.testing import CliRunner
 from blobsvc import BlobClient, InvalidArgument, RemoteProtocolError, Settings, new_job_id
 from blobsvc.cli import main
 from blobsvc.http import blob_path, blob_url, parse_range, url_signature
-from tests.conftest import ServerProcess, ServerThread
+
+from .conftest import ServerProcess, ServerThread
 
 SECRET = b"http face test secret"
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from blobsvc import BlobClient, Settings
-from tests.agent_helpers import run_agent
-from tests.conftest import ServerThread
+
+from .agent_helpers import run_agent
+from .conftest import ServerThread
 
 
 class Face:

@@ -21,7 +21,8 @@ from blobsvc import NotFound
 from blobsvc.storage import BlobStorage, Publication, _journal
 from blobsvc.storage._journal import Journal, Record
 from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
-from tests.conftest import put_streamed, read_blob
+
+from .conftest import put_streamed, read_blob
 
 JOB = bytes(range(16))
 

@@ -23,9 +23,10 @@ from blobsvc.wire._protocol import (
     ServerHello,
     encode_request,
 )
-from tests.conftest import put_streamed as put
-from tests.conftest import read_blob as read
-from tests.test_protocol import JOB, KEY, MODES, feed, server_after_hello
+
+from .conftest import put_streamed as put
+from .conftest import read_blob as read
+from .test_protocol import JOB, KEY, MODES, feed, server_after_hello
 
 OTHER_JOB = bytes(range(1, 17))
 

@@ -14,7 +14,8 @@ import pytest
 
 from blobsvc import BlobClient, NotFound, new_job_id
 from blobsvc.http import blob_url
-from tests.conftest import ServerProcess
+
+from .conftest import ServerProcess
 
 Spawn = Callable[..., ServerProcess]
 SECRET = b"correct horse battery staple"

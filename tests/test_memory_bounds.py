@@ -20,7 +20,8 @@ import blake3
 import pytest
 
 from blobsvc import BlobClient, Settings
-from tests.conftest import ServerThread
+
+from .conftest import ServerThread
 
 BLOB = 192 << 20
 PEAK_LIMIT = 128 << 20  # far under the blob; a Python process with blobsvc loaded uses ~50 MiB

@@ -21,7 +21,8 @@ from blobsvc import AsyncBlobClient, BlobServer, Busy, NotFound, Settings
 from blobsvc.cli import main
 from blobsvc.storage import MEMORY_STAGING_LIMIT
 from blobsvc.wire._protocol import ClientConnection, ContentKey, GetRequest, Hello, PutRequest
-from tests.conftest import address_text
+
+from .conftest import address_text
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

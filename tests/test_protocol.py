@@ -17,6 +17,7 @@ from blobsvc import ConnectionClosed, InvalidArgument, LocalProtocolError, Remot
 from blobsvc.wire._protocol import (
     CLOSED,
     MAX_HEARTBEAT_BYTES,
+    MAX_HOSTS_BYTES,
     MAX_NAME_BYTES,
     MAX_STATUS_BYTES,
     NEED_DATA,
@@ -34,6 +35,8 @@ from blobsvc.wire._protocol import (
     HeartbeatOk,
     HeartbeatRequest,
     Hello,
+    HostsOk,
+    HostsRequest,
     JobBlob,
     ListEntry,
     ListOk,
@@ -105,6 +108,7 @@ REQUEST_CASES: list[tuple[Sequence[Any], bytes]] = [
     ([ListRequest(JOB)], b"\x04\x02" + JOB),
     ([AuthRequest(KEY)], b"\x7f" + KEY),
     ([StatusRequest()], b"\x06"),
+    ([HostsRequest()], b"\x08"),
     ([HeartbeatRequest({"agent": "h:1", "jobs": []})], b"\x07\x19\x00\x00\x00" + b'{"agent":"h:1","jobs":[]}'),
 ]
 
@@ -348,14 +352,32 @@ def test_a_status_reply_that_is_no_json_object_is_a_remote_error(document: bytes
         client.next_event()
 
 
-def test_a_status_reply_over_the_limit_is_refused_before_it_is_buffered() -> None:
+@pytest.mark.parametrize(
+    ("request_", "frame", "limit"),
+    [(StatusRequest(), StatusOk, MAX_STATUS_BYTES), (HostsRequest(), HostsOk, MAX_HOSTS_BYTES)],
+)
+def test_a_status_or_hosts_reply_over_the_limit_is_refused_before_it_is_buffered(
+    request_: Any, frame: Any, limit: int
+) -> None:
     client = client_after_hello()
-    client.send(StatusRequest())
-    client.receive_data(b"\x00" + struct.pack("<I", MAX_STATUS_BYTES + 1))
+    client.send(request_)
+    client.receive_data(b"\x00" + struct.pack("<I", limit + 1))
     with pytest.raises(RemoteProtocolError, match="over the limit"):
         client.next_event()
     with pytest.raises(LocalProtocolError, match="over the limit"):
-        ServerConnection().send(StatusOk({"x": "y" * MAX_STATUS_BYTES}))
+        ServerConnection().send(frame({"x": "y" * limit}))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_hosts_reply_is_a_length_prefixed_json_object(mode: str) -> None:
+    hosts = {"hosts": [{"agent": "h:1", "state": "live"}], "now": 1.5}
+    wire = ServerConnection().send(HostsOk(hosts))
+    document = b'{"hosts":[{"agent":"h:1","state":"live"}],"now":1.5}'
+    assert wire == b"\x00" + struct.pack("<I", len(document)) + document
+    client = client_after_hello()
+    client.send(HostsRequest())
+    client.send(StatRequest(ContentKey(KEY)))  # pipelined behind it
+    assert feed(client, wire + ServerConnection().send(StatOk(1, KEY)), mode) == [HostsOk(hosts), StatOk(1, KEY)]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -411,7 +433,7 @@ def test_a_heartbeat_that_is_no_json_object_is_a_bad_request(document: bytes, wo
     assert caught.value.code == 1
 
 
-@pytest.mark.parametrize("request_", [StatusRequest(), HeartbeatRequest({})])
+@pytest.mark.parametrize("request_", [StatusRequest(), HeartbeatRequest({}), HostsRequest()])
 def test_a_document_reply_nested_past_the_recursion_limit_is_a_remote_error(request_: Any) -> None:
     client = client_after_hello()
     client.send(request_)

@@ -26,7 +26,8 @@ import blake3
 import pytest
 
 from blobsvc import AsyncBlobClient, AuthFailed, AuthRequired, BlobServer, Settings
-from tests.conftest import assert_no_staging, staging_files
+
+from .conftest import assert_no_staging, staging_files
 
 # --- the wire, from the spec --------------------------------------------------------------
 

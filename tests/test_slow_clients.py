@@ -17,7 +17,8 @@ import pytest
 
 import blobsvc.wire._netio
 from blobsvc import AsyncBlobClient, BlobError, NotFound
-from tests.test_server_faults import (
+
+from .test_server_faults import (
     HELLO,
     MISSING_KEY,
     NOT_FOUND,

@@ -22,9 +22,10 @@ import pytest
 
 from blobsvc import BlobCache, BlobClient, Settings
 from blobsvc.spark import Shipped, publish
-from tests.conftest import ServerThread
-from tests.spark_helpers import compile_udf_jar, start_session
-from tests.test_cache_faults import FaultyProxy, running
+
+from .conftest import ServerThread
+from .spark_helpers import compile_udf_jar, start_session
+from .test_cache_faults import FaultyProxy, running
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -4,7 +4,7 @@ agent), and one ``blobsvc agent`` process for the host. One SparkSession per app
 module starts two (the second application is the point of one test).
 
 Spark keeps every jar it was given until the application ends, and an executor fetches them
-all before its next task: so, as the README asks, each handle that ships jars is released
+all before its next task: so, as docs/spark.md asks, each handle that ships jars is released
 only when its application has stopped."""
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import pytest
 
 from blobsvc import InvalidArgument, Settings
 from blobsvc.spark import Shipped, publish
-from tests.agent_helpers import AgentProcess, run_agent
-from tests.conftest import ServerThread
-from tests.spark_helpers import compile_udf_jar, start_session
+
+from .agent_helpers import AgentProcess, run_agent
+from .conftest import ServerThread
+from .spark_helpers import compile_udf_jar, start_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from blobsvc import InvalidArgument
+from blobsvc.cache._archives import archive_kind, prune, remove_unpacked, unpack
 from blobsvc.cache._store import boot_id
 from blobsvc.spark import UnsafeArchive
-from blobsvc.spark._archives import archive_kind, prune, remove_unpacked, unpack
 
 
 def tar(path: Path, *members: tarfile.TarInfo | tuple[str, bytes]) -> Path:

@@ -15,8 +15,9 @@ from click.testing import CliRunner
 
 from blobsvc import Settings
 from blobsvc.cli import main
-from tests.agent_helpers import run_agent
-from tests.conftest import ServerThread, with_secret
+
+from .agent_helpers import run_agent
+from .conftest import ServerThread, with_secret
 
 AGENT = "http://127.0.0.1:6131"
 

@@ -18,8 +18,9 @@ import pytest
 
 from blobsvc import Settings
 from blobsvc.spark import publish
-from tests.conftest import ServerThread
-from tests.spark_helpers import compile_udf_jar, start_connect_session
+
+from .conftest import ServerThread
+from .spark_helpers import compile_udf_jar, start_connect_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -27,9 +27,10 @@ from pyspark import SparkConf
 from blobsvc import BlobClient, InvalidArgument, Settings
 from blobsvc.driver import _digests
 from blobsvc.spark import environment
-from tests.agent_helpers import AgentProcess, run_agent
-from tests.conftest import ServerThread, with_secret
-from tests.spark_helpers import start_session
+
+from .agent_helpers import AgentProcess, run_agent
+from .conftest import ServerThread, with_secret
+from .spark_helpers import start_session
 
 PROBE = "blobsvc_envprobe"  # a package only the packed environment holds
 ANSWER = "probe-1.0"

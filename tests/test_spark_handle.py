@@ -17,7 +17,8 @@ from pyspark import SparkConf
 
 from blobsvc import BlobClient, InvalidArgument, Settings
 from blobsvc.spark import NotOwner, Shipped, UnknownArtifact, publish
-from tests.conftest import ServerThread
+
+from .conftest import ServerThread
 
 
 class Conf:

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from blobsvc import AsyncBlobClient, AuthRequired, BlobServer, Settings, new_job_id
 from blobsvc.cli import main
-from tests.conftest import ServerThread
+
+from .conftest import ServerThread
 
 
 async def test_status_tells_what_the_server_stores_and_serves(server: BlobServer, client: AsyncBlobClient) -> None:

@@ -14,8 +14,9 @@ from blobsvc import DigestMismatch, NotFound
 from blobsvc.storage import BlobStorage
 from blobsvc.storage._layout import decode_name, encode_name
 from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
-from tests.conftest import put_streamed as put
-from tests.conftest import read_blob as read
+
+from .conftest import put_streamed as put
+from .conftest import read_blob as read
 
 JOB = bytes(range(16))
 OTHER_JOB = bytes(range(1, 17))

@@ -23,8 +23,9 @@ import pytest
 from blobsvc import BlobClient, Settings, new_job_id
 from blobsvc.cache import BlobCache
 from blobsvc.ha.store import FileSystemBlobStore, _LocalFiles, object_path, open_blob_store
-from tests.agent_helpers import run_agent
-from tests.conftest import ServerThread
+
+from .agent_helpers import run_agent
+from .conftest import ServerThread
 
 MiB = 1 << 20
 

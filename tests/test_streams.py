@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from blobsvc import AsyncBlobClient, BlobServer, DigestMismatch
-from tests.conftest import CuttingProxy
+
+from .conftest import CuttingProxy
 
 
 async def test_a_put_from_a_pipe_is_retried_after_a_cut(server: BlobServer) -> None:

@@ -29,7 +29,8 @@ from blobsvc import (
     new_job_id,
 )
 from blobsvc.cli import main
-from tests.conftest import ServerThread
+
+from .conftest import ServerThread
 
 
 @dataclass

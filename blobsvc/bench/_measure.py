@@ -250,13 +250,8 @@ class ServerProcess:
         return ""
 
     def cpu_seconds(self) -> float:
-        """CPU time of the server process so far, summed over its live threads (the
-        scheduler's nanoseconds: /proc/PID/stat counts in ticks, too coarse for a 0.1 s GET)."""
-        total = 0
-        for task in os.listdir(f"/proc/{self.pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{self.pid}/task/{task}/schedstat") as schedstat:
-                total += int(schedstat.read().split()[0])
-        return total / 1e9
+        """CPU time of the server process so far: :func:`process_cpu_seconds`."""
+        return process_cpu_seconds(self.pid)
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
@@ -273,6 +268,16 @@ class ServerProcess:
         if self.process.stdout is not None:
             self.process.stdout.close()
         self._log.close()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time of process ``pid`` so far, summed over its live threads (the scheduler's
+    nanoseconds: /proc/PID/stat counts in ticks, too coarse for a 0.1 s GET)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/schedstat") as schedstat:
+            total += int(schedstat.read().split()[0])
+    return total / 1e9
 
 
 @contextlib.contextmanager

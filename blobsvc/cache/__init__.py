@@ -11,7 +11,8 @@ directory under a byte limit by evicting the least recently used blobs no job is
 * ``_store``: the directory: layout, publication, checks, links, eviction, collection;
 * ``_counters``: hits, misses, downloads, bytes fetched and evictions of every process;
 * ``_cache``: :class:`BlobCache`, which fetches from the server (or from the HA store the
-  server names, :mod:`blobsvc.ha.reads`) into the store.
+  server names, :mod:`blobsvc.ha.reads`) into the store;
+* ``_archives``: archives unpacked once per host per digest, atomically and safely.
 
 May import the client, :mod:`blobsvc.ha` (reads from the HA store), storage's layout, the
 wire, config and exceptions; never the server, the agent or the Spark integration.

@@ -186,6 +186,10 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("agent_heartbeat_interval")
 @setting_option("agent_lost_after")
 @setting_option("connect_timeout")
+@setting_option("content_ttl")
+@setting_option("max_store_bytes")
+@setting_option("retention_grace")
+@setting_option("retention_interval")
 @click.pass_context
 def serve(ctx: click.Context, /, **options: Any) -> None:
     """Run a blob server until SIGTERM or SIGINT.
@@ -412,38 +416,30 @@ async def status(client: AsyncBlobClient, as_json: bool, hosts: bool) -> None:
     it has not sent a heartbeat for agent_lost_after seconds), version, cache bytes and limit,
     hits, misses, jobs held, and when it was last heard from.
     """
-    info = await client.status()
     if hosts:
-        _print_hosts(info, as_json)
+        _print_hosts(await client.hosts(), as_json)
         return
+    info = await client.status()
     if as_json:
         click.echo(json.dumps(info, sort_keys=True))
         return
     for name, value in info.items():
-        if name == "hosts" and isinstance(value, list):
-            value = _hosts_summary(value)
-        elif isinstance(value, dict):
+        if isinstance(value, dict):
             value = " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
         click.echo(f"{name.replace('_', ' ')}: {value}")
 
 
-def _hosts_summary(hosts: list[dict[str, Any]]) -> str:
-    live = sum(host.get("state") == "live" for host in hosts)
-    return f"{live} live, {len(hosts) - live} lost (status --hosts lists them)"
-
-
-def _print_hosts(info: dict[str, Any], as_json: bool) -> None:
-    hosts = info.get("hosts")
+def _print_hosts(listing: dict[str, Any], as_json: bool) -> None:
+    hosts = listing.get("hosts")
     if not isinstance(hosts, list):
-        raise click.ClickException("this server lists no hosts: it predates agents' heartbeats")
+        raise click.ClickException("the server's list of hosts is malformed: it has no 'hosts' list")
     if as_json:
         click.echo(json.dumps(hosts, sort_keys=True))
         return
     if not hosts:
         click.echo("no agent has reported to this server since it started (or became leader)")
         return
-    # "Seconds ago" by the server's own clock (its start plus its uptime): no skew with ours.
-    now = info.get("started", 0) + info.get("uptime_seconds", 0)
+    now = listing.get("now", 0)  # the server's clock: no skew with ours
     rows = [
         [
             str(host.get("agent")),

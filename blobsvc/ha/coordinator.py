@@ -10,7 +10,7 @@ Session loss, in :class:`ZooKeeperHA` (the rules themselves live in :mod:`.leade
 the session is SUSPENDED or LOST, or on a standby, :meth:`check` answers NOT_LEADER, so no
 request starts; :meth:`acknowledge` asks ZooKeeper to confirm the epoch, so a PUT or
 DELETE in flight when leadership went is never acknowledged. HA data is only ever removed
-by a DELETE that passed that check.
+by a DELETE, or a retention deletion (:mod:`blobsvc.server._retention`), that passed that check.
 
 A server's own data directory is a cache of the HA store. When a server is elected and
 another server led since it last did, names in its cache that the HA store no longer holds
@@ -71,7 +71,7 @@ class Standalone:
     async def store(self, upload: StagedUpload, target: JobBlob | None, digest: bytes) -> None:
         pass
 
-    async def link(self, source: Path, key: bytes, target: JobBlob) -> None:
+    async def link(self, source: Path, key: bytes, target: JobBlob | None) -> None:
         pass
 
     async def acknowledge(self) -> None:
@@ -183,9 +183,10 @@ class ZooKeeperHA:
         failed = f"could not store {digest.hex()}, not acknowledged"
         await self._in_store(failed, lambda: self.blobs.put(upload.file(), digest, target, token))
 
-    async def link(self, source: Path, key: bytes, target: JobBlob) -> None:
-        """Make a LINKed name durable: the HA store copies the bytes from ``source`` (the
-        local object) only when it lacks them, else records the name alone."""
+    async def link(self, source: Path, key: bytes, target: JobBlob | None) -> None:
+        """Make a LINKed name (or, None, the content-addressed name) durable: the HA store
+        copies the bytes from ``source`` (the local object) only when it lacks them, else
+        records the name alone."""
         token = self._election.token or 0
         failed = f"could not store {key.hex()}, not acknowledged"
         await self._in_store(failed, lambda: self.blobs.put(source, key, target, token))

@@ -89,6 +89,8 @@ from ..wire._protocol import (
     GetRequest,
     HeartbeatOk,
     HeartbeatRequest,
+    HostsOk,
+    HostsRequest,
     JobBlob,
     LinkOk,
     LinkRequest,
@@ -112,6 +114,7 @@ from ..wire._tls import TlsStream, server_context_for
 from ._fastpath import FastPath
 from ._jobgate import JobGates
 from ._logs import log_request
+from ._retention import Retention
 from .hosts import HostRegistry, HostReport, heartbeat_reply
 
 if TYPE_CHECKING:
@@ -153,6 +156,9 @@ class BlobServer:
         self.storage = storage or BlobStorage(self.settings.data_dir, verify_on_start=self.settings.verify_on_start)
         self.ha = ha or high_availability(self.settings)
         """The recovery mode: asked before serving, storing, acknowledging, and for missing blobs."""
+        self.retention = Retention.from_settings(self.storage, self.ha, self.settings)
+        """Deletes unreferenced content past ``content_ttl`` or ``max_store_bytes`` (when set)."""
+        self._sweeping: asyncio.Task[None] | None = None
         self._secret = self.settings.secret()
         self._tls = server_context_for(self.settings)
         self.committer = GroupCommitter(self.storage)
@@ -172,7 +178,7 @@ class BlobServer:
         """Requests served, by kind (``"GET"``, ``"PUT"``, …): for operators and tests."""
         self.observers: list[RequestObserver] = []
         """Called after each request (metrics, request logs); none costs nothing."""
-        self.status_sources: list[Callable[[], Mapping[str, Any]]] = [self.ha.status]
+        self.status_sources: list[Callable[[], Mapping[str, Any]]] = [self.ha.status, self.retention.status]
         """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
         event loop and from the metrics thread, so they only read."""
         self._started = time.time()
@@ -221,6 +227,8 @@ class BlobServer:
             self._listener.close()
             raise
         self._accepting.append(asyncio.create_task(self.slots.accept(self._listener, self._binary_connection)))
+        if self.retention.enabled:
+            self._sweeping = asyncio.create_task(self.retention.run())
         if self.settings.http_ports is not None:
             self._http_listener = bind_listener(self.settings.host, self.settings.http_ports)
             self._accepting.append(asyncio.create_task(self.slots.accept(self._http_listener, self._http_connection)))
@@ -271,6 +279,10 @@ class BlobServer:
         (``shutdown_timeout`` by default), cancel what is left."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
         self.slots.closing = True
+        if self._sweeping is not None:  # before stepping down: no deletion outlives leadership
+            self._sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeping
         # Step down first: clients move on to the next leader while we finish.
         await self.ha.stop()
         for accepting in self._accepting:
@@ -333,7 +345,7 @@ class BlobServer:
             },
             "heartbeats": self.hosts.heartbeats,
             "hosts_unlisted": self.hosts.unlisted,
-            "hosts": self.hosts.listing(),
+            **{f"hosts_{state}": count for state, count in self.hosts.states().items()},
         }
         for source in self.status_sources:
             status.update(source())
@@ -511,6 +523,9 @@ class _Connection(Connection):
                 await self._send(StatusOk(self.server.status()))
             case HeartbeatRequest(report):
                 await self._send(HeartbeatOk(await self.server.heartbeat(report)))
+            case HostsRequest():
+                # The server's clock comes along: "seen N s ago" needs no agreement with the client's.
+                await self._send(HostsOk({"hosts": self.server.hosts.listing(), "now": round(time.time(), 3)}))
             case _:
                 raise RemoteProtocolError(f"unexpected {type(event).__name__}")
 

@@ -214,8 +214,16 @@ class HostRegistry:
             hosts[report.agent] = entry
             hosts.move_to_end(report.agent)
 
+    def states(self) -> dict[str, int]:
+        """How many hosts are live and lost, for STATUS and the metrics."""
+        now = self._clock()
+        with self._lock:
+            self._forget(now)
+            live = sum(now - record.seen_clock <= self.lost_after for record in self._hosts.values())
+            return {"live": live, "lost": len(self._hosts) - live}
+
     def listing(self) -> list[dict[str, Any]]:
-        """Every host for STATUS: live ones first, each group by agent address."""
+        """Every host for HOSTS: live ones first, each group by agent address."""
         now = self._clock()
         with self._lock:
             self._forget(now)

@@ -185,10 +185,8 @@ class ServerMetrics:
             "blobsvc_agents", "Executor hosts whose agents report, by state (lost: no heartbeat lately).",
             labels=["state"],
         )  # fmt: skip
-        hosts = status["hosts"]
-        live = sum(host["state"] == "live" for host in hosts)
-        agents.add_metric(["live"], live)
-        agents.add_metric(["lost"], len(hosts) - live)
+        for state in ("live", "lost"):
+            agents.add_metric([state], status[f"hosts_{state}"])
         yield agents
         role = GaugeMetricFamily("blobsvc_role", "1 for the role this server has now.", labels=["role"])
         role.add_metric([str(status["role"])], 1)
@@ -196,6 +194,23 @@ class ServerMetrics:
         info = GaugeMetricFamily("blobsvc_build_info", "The blobsvc version serving.", labels=["version"])
         info.add_metric([str(status["version"])], 1)
         yield info
+        retention = status.get("retention")
+        if retention is not None:  # given by retention's status source
+            deleted = CounterMetricFamily(
+                "blobsvc_retention_deleted",
+                "Content blobs retention deleted, by reason (ttl, limit).",
+                labels=["reason"],
+            )
+            freed = CounterMetricFamily(
+                "blobsvc_retention_deleted_bytes",
+                "Bytes of the content retention deleted, by reason.",
+                labels=["reason"],
+            )
+            for reason, count in retention["deleted"].items():
+                deleted.add_metric([reason], count)
+                freed.add_metric([reason], retention["deleted_bytes"][reason])
+            yield deleted
+            yield freed
         if "leader_changes" in status:  # given by HA's status source
             yield CounterMetricFamily(
                 "blobsvc_leader_changes", "Leaders this server has seen elected.", value=status["leader_changes"]

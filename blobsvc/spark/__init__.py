@@ -18,7 +18,6 @@ The modules, one job each:
   Connect session's artifacts) and the driver's class loader;
 * ``_handle``: :class:`Shipped`, the picklable handle tasks resolve paths through;
 * ``_local``: resolution through the host's BlobCache, and who holds a job's lease when;
-* ``_archives``: archives unpacked once per host per digest, atomically and safely;
 * ``_artifacts``: what is shipped, under which name;
 * ``_environment``: a packed Python environment for the Python workers, through each host's agent.
 
@@ -31,7 +30,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the test extra installs pyspark
     raise ImportError("blobsvc.spark needs PySpark: pip install blobsvc[spark]") from exc
 
-from ._archives import UnsafeArchive
+from ..cache._archives import UnsafeArchive
 from ._environment import environment
 from ._handle import NotOwner, Shipped, UnknownArtifact
 from ._publish import CONF_KEYS, HTTP_URL_KEY, publish

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._exceptions import InvalidArgument
-from ._archives import archive_kind
+from ..cache._archives import archive_kind
 
 __all__ = ["Artifact", "Kind", "PY_SUFFIXES", "Source", "parse_source"]
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cache import BlobCache
+from ..cache._archives import archive_kind, prune, unpack
 from ..config import Settings
 from ..wire._tls import client_context_for
-from ._archives import archive_kind, prune, unpack
 from ._artifacts import Artifact, Kind
 
 __all__ = ["CacheOptions", "current_task", "hold", "release_driver", "resolve", "add_py_files"]

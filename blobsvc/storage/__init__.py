@@ -46,6 +46,7 @@ import secrets
 import shutil
 import stat
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ from ._filewrite import preallocate, pwrite_all
 from ._hotblobs import HotBlob, HotBlobs
 from ._journal import SEGMENT_BYTES, Journal, Record
 from ._layout import Layout, decode_name, key_from_filename
+from ._readclock import ReadClock
 from ._writeback import fsync_dir, start_writeback
 
 __all__ = ["BlobStorage", "OpenBlob", "Publication", "RecoveryReport", "StagedUpload"]
@@ -352,6 +354,8 @@ class OpenBlob:
     size: int
     digest: bytes
     inode: int = 0
+    read_at: float = 0.0
+    """The read recorded in its atime (now, or less than a read granularity ago)."""
 
     def close(self) -> None:
         os.close(self.fd)
@@ -388,9 +392,16 @@ class BlobStorage:
     """Blobs under one data directory; see the module docstring for what it guarantees."""
 
     def __init__(
-        self, root: Path | str, *, verify_on_start: bool = True, journal_segment_bytes: int = SEGMENT_BYTES
+        self,
+        root: Path | str,
+        *,
+        verify_on_start: bool = True,
+        journal_segment_bytes: int = SEGMENT_BYTES,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.layout = Layout(Path(root))
+        self.reads = ReadClock(clock)
+        """Records each read in the blob's atime, coarsely (see :mod:`blobsvc.storage._readclock`)."""
         self.verify_on_start = verify_on_start
         self._journal_segment_bytes = journal_segment_bytes
         self._opened_journal: Journal | None = None  # opened by recover()
@@ -411,7 +422,7 @@ class BlobStorage:
         # on the same directory by the random part, and no random bytes to draw per upload.
         self._staging_prefix = os.path.join(self.layout.incoming, f"upload-{secrets.token_hex(8)}-")
         self._staged = itertools.count()
-        self.hot = HotBlobs()
+        self.hot = HotBlobs(reads=self.reads)
         """Small blobs recently read, for the server's GETs (see :mod:`blobsvc.storage._hotblobs`)."""
 
     @property
@@ -648,6 +659,8 @@ class BlobStorage:
                 if path is None:
                     with contextlib.suppress(FileExistsError):
                         os.link(name, name, src_dir_fd=objects, dst_dir_fd=cache)
+                    # Stored (again) just now: retention's grace counts from here.
+                    self.reads.touch(name, dir_fd=objects)
                     return None
                 return self._link_job(key, path)
             except BaseException:
@@ -717,7 +730,8 @@ class BlobStorage:
             return None
 
     def open_blob(self, target: ContentKey | JobBlob) -> OpenBlob:
-        """Open a published blob for reading. Takes no lock; cheap enough for the event loop."""
+        """Open a published blob for reading, which counts as a read of it (its atime, see
+        :class:`~blobsvc.storage._readclock.ReadClock`). Takes no lock; cheap enough for the event loop."""
         path = self._path(target)
         for _ in range(3):
             try:
@@ -726,10 +740,10 @@ class BlobStorage:
                 raise NotFound(_describe(target)) from None
             info = os.fstat(fd)
             if isinstance(target, ContentKey):
-                return OpenBlob(fd, info.st_size, target.key, info.st_ino)
+                return OpenBlob(fd, info.st_size, target.key, info.st_ino, self.reads.opened(fd, info))
             key = self._key_by_inode.get(info.st_ino)
             if key is not None:
-                return OpenBlob(fd, info.st_size, key, info.st_ino)
+                return OpenBlob(fd, info.st_size, key, info.st_ino, self.reads.opened(fd, info))
             # Replaced and collected between open and lookup: the name now holds a newer blob.
             os.close(fd)
         raise InternalError(f"{_describe(target)} changed too often to be read")
@@ -737,8 +751,10 @@ class BlobStorage:
     def remember_hot(self, target: ContentKey | JobBlob, generation: int, blob: OpenBlob, body: bytes) -> None:
         """Keep ``body``, the whole of ``blob`` just read, in :attr:`hot`; ``generation`` is
         ``hot.generation`` as it was before the blob was opened."""
-        path = None if isinstance(target, ContentKey) else str(self._path(target))
-        self.hot.remember(target, generation, HotBlob(blob.size, blob.digest, body, path, blob.inode))
+        path = str(self._path(target))
+        checked = None if isinstance(target, ContentKey) else path
+        entry = HotBlob(blob.size, blob.digest, body, checked, blob.inode, source=path, read_at=blob.read_at)
+        self.hot.remember(target, generation, entry)
 
     def stat(self, target: ContentKey | JobBlob) -> tuple[int, bytes]:
         with self.open_blob(target) as blob:
@@ -771,20 +787,44 @@ class BlobStorage:
     def delete(self, target: ContentKey | JobBlob | WholeJob) -> None:
         """Remove a name (or a whole job); what does not exist is already deleted."""
         if isinstance(target, ContentKey):
-            with self._settled(target.key, lambda: self._key_lock(target.key)):
-                try:
-                    self.layout.content(target.key).unlink()
-                except FileNotFoundError:
-                    return
-                self.hot.forget(target)
-                fsync_dir(self.layout.cache)
-                self._collect_locked(target.key)
+            self._delete_content(target.key, None)
             return
         mark = target.job if isinstance(target, WholeJob) else (target.job, target.name)
         with self._settled(mark, lambda: self._jobs.hold(target.job)):
             keys = self._unlink_job_names(target)
         for key in keys:
             self._collect(key)
+
+    def evict(self, key: bytes, still: Callable[[os.stat_result], bool]) -> int | None:
+        """Delete the content-addressed blob ``key`` if no job names it and ``still(info)``
+        holds for its object's ``stat`` (retention: not read, linked or unlinked since it was
+        chosen); returns its size, or None when it was kept (or is gone). Checked and done
+        under the key's lock, which every link of a job name to the object also holds: a
+        LINK either comes first (the object has a third link: kept) or finds no object."""
+        return self._delete_content(key, still)
+
+    def _delete_content(self, key: bytes, still: Callable[[os.stat_result], bool] | None) -> int | None:
+        name = self.layout.content(key)
+        with self._settled(key, lambda: self._key_lock(key)):
+            size = 0
+            if still is not None:
+                try:
+                    info = self.layout.object(key).stat()
+                    named = name.stat()
+                except FileNotFoundError:
+                    return None
+                # Two links: the object and its content-addressed name, no job's.
+                if info.st_nlink != 2 or named.st_ino != info.st_ino or not still(info):
+                    return None
+                size = info.st_size
+            try:
+                name.unlink()
+            except FileNotFoundError:
+                return None
+            self.hot.forget(ContentKey(key))
+            fsync_dir(self.layout.cache)
+            self._collect_locked(key)
+        return size
 
     def _unlink_job_names(self, target: JobBlob | WholeJob) -> set[bytes]:
         job_dir = self.layout.job_dir(target.job)
@@ -827,6 +867,9 @@ class BlobStorage:
                 counted = info.st_ino not in self._uncounted
                 self._uncounted.discard(info.st_ino)
             self._count(-1, -info.st_size if counted else 0)
+        elif info.st_nlink == 2:
+            # Perhaps its last job name just went: retention's grace counts from here.
+            self.reads.touch(path)
 
     # --- start-up --------------------------------------------------------------------------
 

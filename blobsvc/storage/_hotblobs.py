@@ -4,8 +4,8 @@ answer, its GetOk header and body encoded once when the entry is made (:meth:`Ho
 
 What keeps it from serving what is gone or replaced:
 
-* a content-addressed blob's bytes never change under its key; only a DELETE removes it,
-  and :meth:`BlobStorage.delete` calls :meth:`HotBlobs.forget` once the name is unlinked;
+* a content-addressed blob's bytes never change under its key; only a DELETE (or retention)
+  removes it, and :meth:`BlobStorage.delete` (and ``evict``) calls :meth:`HotBlobs.forget` once the name is unlinked;
 * a job-scoped name can be replaced (or removed) by paths this module does not see, so its
   entry keeps the inode it was read from and is served only while a ``stat`` of the name
   still finds that inode (one system call instead of four);
@@ -23,8 +23,12 @@ import contextlib
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..wire._protocol import ContentKey, GetOk, JobBlob, encode_reply
+
+if TYPE_CHECKING:
+    from ._readclock import ReadClock
 
 __all__ = ["HotBlob", "HotBlobs"]
 
@@ -32,19 +36,21 @@ __all__ = ["HotBlob", "HotBlobs"]
 DEFAULT_MAX_BYTES = 32 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class HotBlob:
     size: int
     digest: bytes
     body: bytes | memoryview  # a view into ``_reply`` once made: the bytes are kept once
     path: str | None = None  # job-scoped names: checked against ``inode`` before use
     inode: int = 0
-    _reply: bytes = field(init=False, repr=False, compare=False)
+    source: str = ""  # the file it was read from, whose atime records its reads
+    read_at: float = 0.0  # the read its atime records (see blobsvc.storage._readclock.ReadClock)
+    _reply: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         reply = encode_reply(GetOk(self.size, self.digest)) + self.body
-        object.__setattr__(self, "_reply", reply)
-        object.__setattr__(self, "body", memoryview(reply)[len(reply) - len(self.body) :])
+        self._reply = reply
+        self.body = memoryview(reply)[len(reply) - len(self.body) :]
 
     def reply(self, offset: int) -> bytes:
         """The whole answer to a GET from ``offset`` (at most ``size``): header and body."""
@@ -54,8 +60,10 @@ class HotBlob:
 
 
 class HotBlobs:
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, *, reads: ReadClock | None = None) -> None:
         self.max_bytes = max_bytes
+        self.reads = reads
+        """Told of every hit, so that a read served from memory counts as one too."""
         self._entries: collections.OrderedDict[ContentKey | JobBlob, HotBlob] = collections.OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -74,6 +82,8 @@ class HotBlobs:
                 return None
         with self._lock, contextlib.suppress(KeyError):  # forgotten meanwhile
             self._entries.move_to_end(target)
+        if self.reads is not None:
+            self.reads.hit(entry)
         return entry
 
     def remember(self, target: ContentKey | JobBlob, generation: int, entry: HotBlob) -> None:

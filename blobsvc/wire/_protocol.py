@@ -51,6 +51,7 @@ __all__ = [
     "MAGIC",
     "MAX_ERROR_MESSAGE",
     "MAX_HEARTBEAT_BYTES",
+    "MAX_HOSTS_BYTES",
     "MAX_LIST_ENTRIES",
     "MAX_NAME_BYTES",
     "MAX_STATUS_BYTES",
@@ -71,6 +72,8 @@ __all__ = [
     "GetRequest",
     "HeartbeatOk",
     "HeartbeatRequest",
+    "HostsOk",
+    "HostsRequest",
     "Hello",
     "JobBlob",
     "LinkOk",
@@ -111,10 +114,13 @@ HTTP_REPLY = b"HTTP/"
 # How much of an HTTP answer in place of the server's preamble is read to tell whose it is.
 MAX_HTTP_HEAD = 8 << 10
 _HTTP_REQUEST = re.compile(rb"[A-Z]{3,7} [/*h]")
-# A STATUS document is a few hundred bytes of counters, HA adds a few fields, and the hosts
-# reporting to the server (blobsvc.server.hosts) add at most ~900 bytes each, for at most 10,000
-# of them: 16 MiB holds them all while a client never buffers a "status" the size of a blob.
-MAX_STATUS_BYTES = 16 << 20
+# A STATUS document is a few hundred bytes of counters, and HA adds a few fields: a megabyte
+# is far more than it needs, and a client never buffers a "status" the size of a blob. Every
+# cache asks it once, so it stays small: the hosts' list has a request of its own.
+MAX_STATUS_BYTES = 1 << 20
+# A HOSTS document lists the hosts reporting to the server (blobsvc.server.hosts): at most ~900
+# bytes each, for at most 10,000 of them; 16 MiB holds them all. Operators ask for it.
+MAX_HOSTS_BYTES = 16 << 20
 # A heartbeat is a few hundred bytes of an agent's counters plus the jobs it holds, 35 bytes
 # each: 64 KiB lists some 1,800 jobs, far more than one host runs at once. It is the largest
 # frame the server buffers (every other request is a header of at most 307 bytes), so it is
@@ -140,6 +146,7 @@ class Op(enum.IntEnum):
     LINK = 0x05
     STATUS = 0x06
     HEARTBEAT = 0x07
+    HOSTS = 0x08
     AUTH = 0x7F
 
 
@@ -329,9 +336,14 @@ class StatusRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class HostsRequest:
+    """Ask which executor hosts' agents report to the server, live or lost."""
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatRequest:
     """An executor host's agent reports itself: a JSON object (its address, cache figures,
-    the jobs it holds), documented in README, not fixed by the protocol."""
+    the jobs it holds), documented in docs/operating.md, not fixed by the protocol."""
 
     report: dict[str, Any]
 
@@ -407,6 +419,13 @@ class StatusOk:
 
 
 @dataclass(frozen=True, slots=True)
+class HostsOk:
+    """The hosts as a JSON object, ``{"hosts": [...]}``: fields documented, not fixed."""
+
+    hosts: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatOk:
     """The server's answer to a heartbeat as a JSON object: when to send the next one, and
     which of the agent's jobs are gone."""
@@ -435,8 +454,9 @@ Request = (
     | StatusRequest
     | LinkRequest
     | HeartbeatRequest
+    | HostsRequest
 )
-Reply = AuthOk | PutOk | GetOk | DeleteOk | StatOk | ListOk | StatusOk | LinkOk | HeartbeatOk | ErrorFrame
+Reply = AuthOk | PutOk | GetOk | DeleteOk | StatOk | ListOk | StatusOk | LinkOk | HeartbeatOk | HostsOk | ErrorFrame
 ServerEvent = Hello | Request | Data | PutTrailer
 ClientEvent = ServerHello | Reply | Data | EndOfBody
 
@@ -453,9 +473,15 @@ def _encode_target(target: Target) -> bytes:
     return bytes([Addressing.JOB_ALL]) + target.job
 
 
-# STATUS and HEARTBEAT carry a JSON object behind a u32 length: (document kind, byte limit).
+# STATUS, HEARTBEAT and HOSTS carry a JSON object behind a u32 length: (document kind, limit).
 _STATUS_DOCUMENT = ("status", MAX_STATUS_BYTES)
 _HEARTBEAT_DOCUMENT = ("heartbeat", MAX_HEARTBEAT_BYTES)
+_HOSTS_DOCUMENT = ("hosts", MAX_HOSTS_BYTES)
+_DOCUMENT_REPLIES: dict[type, tuple[type[StatusOk | HeartbeatOk | HostsOk], tuple[str, int]]] = {
+    StatusRequest: (StatusOk, _STATUS_DOCUMENT),
+    HeartbeatRequest: (HeartbeatOk, _HEARTBEAT_DOCUMENT),
+    HostsRequest: (HostsOk, _HOSTS_DOCUMENT),
+}
 
 
 def _encode_document(document: dict[str, Any], kind: tuple[str, int]) -> bytes:
@@ -494,6 +520,8 @@ def encode_request(frame: Hello | Request | PutTrailer) -> bytes:
             return bytes([Op.LIST]) + _encode_target(WholeJob(job))
         case StatusRequest():
             return bytes([Op.STATUS])
+        case HostsRequest():
+            return bytes([Op.HOSTS])
         case HeartbeatRequest(report):
             return bytes([Op.HEARTBEAT]) + _encode_document(report, _HEARTBEAT_DOCUMENT)
         case LinkRequest(target, key):
@@ -525,6 +553,8 @@ def encode_reply(frame: ServerHello | Reply) -> bytes:
             return b"\x00" + _encode_document(status, _STATUS_DOCUMENT)
         case HeartbeatOk(reply):
             return b"\x00" + _encode_document(reply, _HEARTBEAT_DOCUMENT)
+        case HostsOk(hosts):
+            return b"\x00" + _encode_document(hosts, _HOSTS_DOCUMENT)
         case ErrorFrame(code, message):
             raw = message.encode("utf-8", "replace")[:MAX_ERROR_MESSAGE]
             return _ERROR_HEADER.pack(_STATUS_ERROR, code, len(raw)) + raw
@@ -626,6 +656,8 @@ def _read_request(cursor: _Cursor) -> Request:
         return AuthRequest(cursor.take(MAC_SIZE))
     if op is Op.STATUS:
         return StatusRequest()
+    if op is Op.HOSTS:
+        return HostsRequest()
     if op is Op.HEARTBEAT:
         return HeartbeatRequest(_read_document(cursor, _HEARTBEAT_DOCUMENT))
     if op is Op.LIST:
@@ -971,7 +1003,7 @@ class ClientConnection(_Receiver):
     def _read_server_hello(self) -> ServerHello | ErrorFrame | Signal:
         if self._buf[:1] == bytes([_STATUS_ERROR]):
             return self._read_error()  # BUSY, UNSUPPORTED_VERSION: refused at the door
-        if HTTP_REPLY.startswith(self._buf[: len(HTTP_REPLY)]):
+        if self._buf and HTTP_REPLY.startswith(self._buf[: len(HTTP_REPLY)]):  # not a bare EOF
             head_end = self._buf.find(b"\r\n\r\n")
             if head_end < 0 and len(self._buf) < MAX_HTTP_HEAD and not self._eof:
                 return NEED_DATA
@@ -1039,7 +1071,7 @@ class ClientConnection(_Receiver):
             del self._buf[: 1 + KEY_SIZE]
             self._expected.popleft()
             return PutOk(key)
-        if isinstance(request, StatusRequest | HeartbeatRequest):
+        if isinstance(request, StatusRequest | HeartbeatRequest | HostsRequest):
             return self._read_document_reply(request)
         if isinstance(request, ListRequest):
             if len(self._buf) < 1 + _U32.size:
@@ -1054,10 +1086,10 @@ class ClientConnection(_Receiver):
         self._expected.popleft()
         return AuthOk() if isinstance(request, AuthRequest) else DeleteOk()
 
-    def _read_document_reply(self, request: StatusRequest | HeartbeatRequest) -> StatusOk | HeartbeatOk | Signal:
-        frame, kind = (
-            (StatusOk, _STATUS_DOCUMENT) if isinstance(request, StatusRequest) else (HeartbeatOk, _HEARTBEAT_DOCUMENT)
-        )
+    def _read_document_reply(
+        self, request: StatusRequest | HeartbeatRequest | HostsRequest
+    ) -> StatusOk | HeartbeatOk | HostsOk | Signal:
+        frame, kind = _DOCUMENT_REPLIES[type(request)]
         document = self._try(lambda cursor: _read_ok_document(cursor, kind))
         if isinstance(document, Signal):
             return document

@@ -34,8 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._exceptions import BlobError, InvalidArgument
-from ..cache._lock import FileLock
-from ..cache._store import boot_id
+from ._lock import FileLock
+from ._store import boot_id
 
 __all__ = ["ARCHIVE_SUFFIXES", "UnsafeArchive", "archive_kind", "prune", "remove_unpacked", "unpack"]
 
