@@ -32,10 +32,11 @@ then cancel the rest, which removes their staging files on the way out.
 The part ``blobsvc/server/``: this module (listeners, connections, requests) and its helpers:
 ``_fastpath`` (small requests answered from the reader callback), ``_jobgate`` (writes and
 deletions of a job take turns), ``_logs`` (text or JSON logs), ``hosts`` (the agents'
-registry), ``metrics`` (Prometheus). May import :mod:`blobsvc.ha`, :mod:`blobsvc.http`,
-:mod:`blobsvc.storage`, :mod:`blobsvc.wire`, config and exceptions; never the client side.
-Its helpers never import this module: what they use of the server or a connection they
-name as a Protocol of their own (``FastPathConnection``, ``MetricsServer``).
+registry), ``metrics`` (Prometheus), ``_retention`` (content TTL and the store's byte limit).
+May import :mod:`blobsvc.ha`, :mod:`blobsvc.http`, :mod:`blobsvc.storage`, :mod:`blobsvc.wire`,
+config and exceptions; never the client side. Its helpers never import this module: what they
+use of the server or a connection they name as a Protocol of their own (``FastPathConnection``,
+``MetricsServer``).
 """
 
 from __future__ import annotations

@@ -25,13 +25,13 @@ none of those locks, until the journal has no record of it (:meth:`BlobStorage._
 Opening a blob for reading takes no lock at all: published files are never modified in
 place, so an open descriptor always sees one complete version.
 
-The part ``blobsvc/storage/``: this module (staging, publication, deletion, recovery) and
-its helpers: ``_layout`` (where files live), ``_journal`` (small publications, one append
-and one flush a batch), ``_commit`` (group commit), ``_filewrite``, ``_writeback`` and
-``_pages`` (writing files and memory; the client uses them too), ``_hotblobs`` (recently read
-small blobs). May import :mod:`blobsvc.wire`, :mod:`blobsvc.config` and
-:mod:`blobsvc._exceptions`. Its helpers never import this module, but for ``_commit``,
-which sits above it (the server calls it).
+The part ``blobsvc/storage/``: this module (staging, publication, deletion, recovery) and its
+helpers: ``_layout`` (where files live), ``_journal`` (small publications, one append and one
+flush a batch), ``_commit`` (group commit), ``_filewrite``, ``_writeback`` and ``_pages``
+(writing files and memory; the client uses them too), ``_hotblobs`` (recently read small
+blobs), ``_readclock`` (reads recorded in atimes, for retention). May import
+:mod:`blobsvc.wire`, :mod:`blobsvc.config` and :mod:`blobsvc._exceptions`. Its helpers never
+import this module, but for ``_commit``, which sits above it (the server calls it).
 """
 
 from __future__ import annotations
