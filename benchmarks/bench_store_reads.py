@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import queue
 import re
 import secrets
 import shutil
@@ -88,8 +89,21 @@ def fill_hosts(context: Any, server: str, key: str, hosts: int, work: Path, stor
     ]
     for child in children:
         child.start()
+    answers: list[dict[str, Any]] = []
+    deadline = time.monotonic() + FILL_TIMEOUT
     try:
-        answers = [results.get(timeout=FILL_TIMEOUT) for _ in children]
+        while len(answers) < hosts:
+            try:
+                answers.append(results.get(timeout=1.0))
+            except queue.Empty:
+                # A host that died (a full disk, say) never answers: say so now, not at the deadline.
+                failed = [child.exitcode for child in children if child.exitcode not in (None, 0)]
+                if failed:
+                    raise RuntimeError(f"{len(failed)} of {hosts} hosts failed (exit codes {failed})") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{hosts - len(answers)} of {hosts} hosts still filling after {FILL_TIMEOUT}s"
+                    ) from None
     finally:
         for child in children:
             child.join(30)
