@@ -46,7 +46,7 @@ import blake3
 
 from benchmarks.bench_cache import upload
 from blobsvc import BlobCache, BlobClient
-from blobsvc._measure import emit, machine, process_cpu_seconds
+from blobsvc.bench._measure import emit, machine, process_cpu_seconds
 from tests.s3 import MotoServer, s3
 from tests.zk import HaServer, ZooKeeper, wait_for_leader
 
