@@ -28,7 +28,7 @@ from blobsvc.ha.store import object_path, open_blob_store
 from blobsvc.wire._protocol import JobBlob
 
 from .s3 import MotoServer, s3
-from .zk import HaServer, ZooKeeper, running_zookeeper, wait_for_leader
+from .zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 
 pytestmark = pytest.mark.timeout(180)
 MiB = 1 << 20
@@ -56,12 +56,7 @@ def bucket(moto: MotoServer, request: pytest.FixtureRequest) -> str:
     return f"s3://{name}"
 
 
-@pytest.fixture
-def servers() -> Iterator[list[HaServer]]:
-    started: list[HaServer] = []
-    yield started
-    for server in started:
-        server.kill()
+servers = pytest.fixture(started_servers)
 
 
 def _client(server: str, **options: Any) -> BlobClient:

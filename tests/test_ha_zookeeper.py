@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,26 +34,13 @@ from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
 
 from .conftest import ServerThread
 from .test_cache_faults import FaultyProxy
-from .zk import HaServer, ZooKeeper, wait_for_leader
+from .zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeper]:
-    running = ZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
-    yield running
-    discovery._close_clients()  # the zk:// clients' sessions go before their ZooKeeper does
-    running.stop()
-
-
-@pytest.fixture
-def servers() -> Iterator[list[HaServer]]:
-    """HaServer children a test starts; each is killed by PID at the end."""
-    started: list[HaServer] = []
-    yield started
-    for server in started:
-        server.kill()
+zookeeper = pytest.fixture(scope="module")(running_zookeeper)
+servers = pytest.fixture(started_servers)
 
 
 def _client(server: str, **options: Any) -> BlobClient:

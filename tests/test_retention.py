@@ -35,6 +35,7 @@ from blobsvc.storage import BlobStorage
 from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
 
 from .conftest import ServerThread, put_streamed, read_blob
+from .zk import running_zookeeper
 
 GRACE = 600.0
 TTL = 3600.0
@@ -514,13 +515,7 @@ def test_never_what_a_job_names() -> None:
 # --- recovery mode zookeeper -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.zk import ZooKeeper
-
-    running = ZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
-    yield running
-    running.stop()
+zookeeper = pytest.fixture(scope="module")(running_zookeeper)
 
 
 async def _ha_server(zookeeper: Any, tmp_path: Path, name: str, clock: FakeClock) -> BlobServer:

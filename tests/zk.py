@@ -116,6 +116,15 @@ def running_zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooK
     running.stop()
 
 
+def started_servers() -> Iterator[list[HaServer]]:
+    """HaServer children a test starts: ``servers = pytest.fixture(started_servers)``; each is
+    killed by its PID at the end."""
+    started: list[HaServer] = []
+    yield started
+    for server in started:
+        server.kill()
+
+
 def wait_for_leader(url: str, *, avoid: str | None = None, timeout: float = 30.0) -> str:
     """The address the cluster's leader node names (another than ``avoid``), waiting for one."""
     deadline = time.monotonic() + timeout
