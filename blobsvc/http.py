@@ -69,6 +69,7 @@ __all__ = [
     "HttpResponse",
     "blob_path",
     "blob_url",
+    "signed_url",
     "url_signature",
 ]
 
@@ -157,7 +158,12 @@ def blob_url(
     Surrounding whitespace is dropped, as the server drops it when it reads its secret file, so
     the contents of that file (trailing newline and all) sign as the server checks.
     """
-    path = blob_path(key=key, job=job, name=name)
+    return signed_url(base_url, blob_path(key=key, job=job, name=name), secret, expires_in)
+
+
+def signed_url(base_url: str, path: str, secret: bytes | str | None, expires_in: float = DEFAULT_EXPIRES_IN) -> str:
+    """``base_url`` + the canonical ``path``, signed as :func:`blob_url` signs (for any route
+    that checks :meth:`HttpFace.authorise`)."""
     url = base_url.rstrip("/") + path
     if secret is None:
         return url
@@ -267,15 +273,22 @@ class HttpFace:
         except DigestMismatch as exc:  # a damaged HA copy, never served
             return text_response(500, str(exc))
 
+    def authorise(self, path: str, query: Mapping[str, str]) -> HttpResponse | None:
+        """The 403 for a request of the canonical ``path`` that its query does not authorise
+        (when there is a secret), or None to go on: the rule of every route but /metrics."""
+        if self.secret is None:
+            return None
+        problem = _signature_problem(self.secret, path, query)
+        return None if problem is None else text_response(403, problem)
+
     async def _blob(self, request: HttpRequest) -> HttpResponse:
         try:
             target, path = _parse_blob_path(request.path)
         except ValueError as exc:
             return text_response(400, f"not a blob URL: {exc}")
-        if self.secret is not None:
-            problem = _signature_problem(self.secret, path, request.query)
-            if problem:
-                return text_response(403, problem)
+        refused = self.authorise(path, request.query)
+        if refused is not None:
+            return refused
         blob = await self._open_blob(target)
         try:
             return _blob_response(request, blob)
