@@ -42,7 +42,7 @@ Targets: the second application's environment overhead through the agent (``host
 default way) at most a tenth of Spark's; the agent serving a cached blob at 0.8 or more of ``sendfile``. Prints one JSON
 object per measurement, then a ``{"summary": ..., "targets_met": ...}`` line.
 
-    .venv/bin/python -m benchmarks.bench_agent            # about 5 minutes (and the first build)
+    .venv/bin/python -m benchmarks.bench_agent            # 10-20 minutes by the load (and the first build)
     .venv/bin/python -m benchmarks.bench_agent --quick    # a smoke run: no download, small blob
 """
 
