@@ -16,13 +16,18 @@ tasks (2, one per executor) that import ``--env-import`` and return ``sys.execut
 * ``spark``: ``spark.archives=/path/env.tar.gz#environment``: Spark's driver copies and
   unpacks the file for itself and serves it to each executor, which unpacks it in its work
   directory;
-* ``agent``: ``blobsvc.spark.environment(builder, env.tar.gz)`` through a real ``blobsvc
-  agent`` process: the driver and both executors fetch ``spark.archives`` from the agent,
-  which fetches it from the server once (app 1, a cold host cache) or not at all (app 2).
+* ``agent``: ``blobsvc.spark.environment(builder, env.tar.gz, unpack="spark")`` through a
+  real ``blobsvc agent`` process: the driver and both executors fetch ``spark.archives`` from
+  the agent, which fetches it from the server once (app 1, a cold host cache) or not at all
+  (app 2), and each unpacks it as in ``spark``;
+* ``host``: ``blobsvc.spark.environment(builder, env.tar.gz)`` (``unpack="host"``): the
+  agent unpacks the archive once for the host (app 1, after fetching it, unless ``agent`` of
+  the same round went first) and the driver and executors fetch only a launcher script
+  through ``spark.files``; app 2 fetches and unpacks nothing.
 
-Each round runs ``spark`` app 1 and 2 and ``agent`` app 1 and 2, interleaved, the variant
-that goes first changing from round to round, after a baseline; one more baseline closes the
-run. A new agent with an empty cache starts each round. *Overhead* is an application's time
+Each round runs app 1 and 2 of each of ``spark``, ``agent`` and ``host``, interleaved, the
+variant that goes first changing from round to round, after a baseline; one more baseline
+closes the run. A new agent with an empty cache starts each round. *Overhead* is an application's time
 minus the median baseline. Both executors of local-cluster run on this one machine: each
 unpacks the archive into its own work directory, and the agent's cache is shared by both, as
 on one real host. What one unpack costs alone (``gzip -dc | tar -xf -``, which is what
@@ -33,11 +38,11 @@ socket client into one reused buffer, ``--repeat`` times, each run beside a chil
 ``os.sendfile`` of the same cached file into the same buffer (``blobsvc.bench._measure``'s
 baseline); MB/s medians (MB = 10**6 bytes), the ratio of medians, and the agent's CPU.
 
-Targets: the second application's environment overhead through the agent at most a tenth of
-Spark's; the agent serving a cached blob at 0.8 or more of ``sendfile``. Prints one JSON
+Targets: the second application's environment overhead through the agent (``host``, the
+default way) at most a tenth of Spark's; the agent serving a cached blob at 0.8 or more of ``sendfile``. Prints one JSON
 object per measurement, then a ``{"summary": ..., "targets_met": ...}`` line.
 
-    .venv/bin/python -m benchmarks.bench_agent            # about 5 minutes (and the first build)
+    .venv/bin/python -m benchmarks.bench_agent            # 10-20 minutes by the load (and the first build)
     .venv/bin/python -m benchmarks.bench_agent --quick    # a smoke run: no download, small blob
 """
 
@@ -93,6 +98,9 @@ PYTHON_IN_ENV = f"./{DEFAULT_ALIAS}/bin/python"
 TARGET_OVERHEAD_RATIO = 0.1
 TARGET_HTTP_RATIO = 0.8
 APP_TIMEOUT = 600  # seconds: any one application's first job, and any one unpack
+VARIANTS = ("spark", "agent", "host")
+THROUGH_AGENT = {"agent": "spark", "host": "host"}  # variant -> environment()'s unpack=
+UNPACKED_BY_SPARK = ("spark", "agent")
 HEADER_LIMIT = 64 * 1024  # an HTTP answer's header larger than this is not the agent's
 
 
@@ -218,12 +226,12 @@ def application(bench: Bench, variant: str, app: int, round_: int, agent: AgentP
             builder = builder.config("spark.archives", f"{bench.archive}#{DEFAULT_ALIAS}")
             builder = builder.config("spark.pyspark.python", PYTHON_IN_ENV)
             os.environ["PYSPARK_PYTHON"] = PYTHON_IN_ENV  # what a plain Python driver gives executors
-        elif variant == "agent":
+        elif variant in THROUGH_AGENT:
             from blobsvc.spark import environment
 
             assert agent is not None
             started = time.perf_counter()
-            builder = environment(builder, bench.archive, agent=agent.url)
+            builder = environment(builder, bench.archive, agent=agent.url, unpack=THROUGH_AGENT[variant])
             marks["environment"] = time.perf_counter() - started
         marks["start"], marks["wall"] = time.perf_counter(), time.time()
         return builder
@@ -245,6 +253,9 @@ def application(bench: Bench, variant: str, app: int, round_: int, agent: AgentP
     for _, executable, origin, _, _ in rows:
         if variant == "baseline":
             ok = executable == sys.executable
+        elif variant == "host":  # the agent's tree: <cache>/unpacked/<key>.env
+            tree = f"{agent.cache_dir if agent else ''}/unpacked/"
+            ok = executable.startswith(tree) and executable.endswith(".env/bin/python") and origin.startswith(tree)
         else:
             ok = executable.endswith(f"/{DEFAULT_ALIAS}/bin/python") and f"/{DEFAULT_ALIAS}/" in origin
         if not ok:
@@ -260,7 +271,7 @@ def application(bench: Bench, variant: str, app: int, round_: int, agent: AgentP
         "executors": sorted({row[0] for row in rows}),
         "import_s": round(max(row[3] for row in rows), 3),
         # From getOrCreate() to the end of the last executor's unpacking of the environment.
-        "unpacked_s": round(max(row[4] for row in rows) - marks["wall"], 3) if variant != "baseline" else None,
+        "unpacked_s": round(max(row[4] for row in rows) - marks["wall"], 3) if variant in UNPACKED_BY_SPARK else None,
         "environment_s": round(marks["environment"], 3) if "environment" in marks else None,
         "server_puts": server.requests["PUT"] - before.get("PUT", 0),
         "server_gets": server.requests["GET"] - before.get("GET", 0),
@@ -279,6 +290,7 @@ AGENT_METRICS = {
     "bytes_served": "blobsvc_agent_bytes_served_total",  # to Spark's fetchers
     "hits": "blobsvc_agent_hits_total",
     "misses": "blobsvc_agent_misses_total",
+    "unpacks": "blobsvc_agent_unpacks_total",  # environments the agent unpacked for the host
 }
 
 
@@ -303,10 +315,10 @@ def spark_rounds(bench: Bench, rounds: int, quick: bool) -> list[float]:
         cache = bench.root / f"agent-cache-{round_}"  # cold for each round's app 1
         agent = start_agent(bench.server.address, cache)
         try:
-            order = ("spark", "agent") if round_ % 2 == 0 else ("agent", "spark")
+            order = VARIANTS[round_ % 3 :] + VARIANTS[: round_ % 3]
             for app in (1, 2):
                 for variant in order:
-                    application(bench, variant, app, round_, agent if variant == "agent" else None)
+                    application(bench, variant, app, round_, agent if variant in THROUGH_AGENT else None)
         finally:
             agent.kill()
             shutil.rmtree(cache, ignore_errors=True)
@@ -392,7 +404,7 @@ def http_throughput(root: Path, server: ServerThread, size: int, repeat: int) ->
 def summarize(records: list[dict[str, Any]], unpacks: list[float], archive_bytes: int) -> dict[str, Any]:
     baseline = statistics.median(r["seconds"] for r in records if r["variant"] == "baseline")
     apps: dict[str, Any] = {"baseline_s": round(baseline, 3)}
-    for variant in ("spark", "agent"):
+    for variant in VARIANTS:
         for app in (1, 2):
             runs = [r for r in records if r["variant"] == variant and r["app"] == app]
             seconds = statistics.median(r["seconds"] for r in runs)
@@ -401,16 +413,20 @@ def summarize(records: list[dict[str, Any]], unpacks: list[float], archive_bytes
                 "median_s": round(seconds, 3),
                 "overhead_s": round(seconds - baseline, 3),
                 "import_s": round(statistics.median(r["import_s"] for r in runs), 3),
-                "unpacked_s": round(statistics.median(r["unpacked_s"] for r in runs), 3),
             }
-            if variant == "agent":
+            if variant in UNPACKED_BY_SPARK:
+                apps[f"{variant}_app{app}"]["unpacked_s"] = round(statistics.median(r["unpacked_s"] for r in runs), 3)
+            if variant in THROUGH_AGENT:
                 apps[f"{variant}_app{app}"] |= {
                     "server_bytes_sent": [r["agent_bytes_fetched"] for r in runs],
                     "server_gets": [r["server_gets"] for r in runs],
                     "agent_bytes_served": [r["agent_bytes_served"] for r in runs],
+                    "agent_unpacks": [r["agent_unpacks"] for r in runs],
                 }
-    spark2, agent2 = apps["spark_app2"]["overhead_s"], apps["agent_app2"]["overhead_s"]
-    apps["app2_overhead_agent_over_spark"] = round(agent2 / spark2, 3) if spark2 > 0 else None
+    spark2 = apps["spark_app2"]["overhead_s"]
+    for variant in THROUGH_AGENT:
+        ratio = round(apps[f"{variant}_app2"]["overhead_s"] / spark2, 3) if spark2 > 0 else None
+        apps[f"app2_overhead_{variant}_over_spark"] = ratio
     apps["archive_bytes"] = archive_bytes
     apps["one_unpack_s"] = round(statistics.median(unpacks), 3)
     return apps
@@ -421,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env-dir", type=Path, default=Path.home() / ".cache" / "blobsvc-bench" / "agent-env")
     parser.add_argument("--env-packages", default=DEFAULT_PACKAGES, help="What the environment holds (pip names).")
     parser.add_argument("--env-import", default="numpy", help="The module the first job's tasks import.")
-    parser.add_argument("--rounds", type=int, default=3, help="Rounds of the four applications.")
+    parser.add_argument("--rounds", type=int, default=3, help="Rounds of the six applications.")
     parser.add_argument("--tasks", type=int, default=2, help="Tasks of the first job.")
     parser.add_argument("--blob-mib", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=5, help="Runs of each HTTP measurement.")
@@ -430,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="Leave the working directory.")
     args = parser.parse_args(argv)
     master = MASTER
-    if args.quick:  # one executor: the smoke test starts five applications
+    if args.quick:  # one executor: the smoke test starts seven applications
         args.rounds, args.blob_mib, args.repeat, args.env_import = 1, 8, 2, "blobsvc_envprobe"
         master, args.tasks = "local-cluster[1,1,1024]", 1
     packages = args.env_packages.split()
@@ -465,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     summary = {**summarize(bench.records, unpacks, env_info["archive_bytes"]), "http": http}
-    ratio = summary["app2_overhead_agent_over_spark"]
+    ratio = summary["app2_overhead_host_over_spark"]
     targets = {
         "app2_overhead_at_most_a_tenth_of_spark": ratio is not None and ratio <= TARGET_OVERHEAD_RATIO,
         "agent_http_at_least_0.8_of_sendfile": http["median_ratio"] >= TARGET_HTTP_RATIO,

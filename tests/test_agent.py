@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import http.client
+import io
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.error
 from collections.abc import Callable, Iterator
@@ -21,9 +23,10 @@ import pytest
 
 from blobsvc import AsyncBlobClient, BlobCache, BlobClient, Settings, new_job_id
 from blobsvc.agent._heartbeat import Heartbeats
+from blobsvc.agent._python import launcher_script
 from blobsvc.agent._source import CacheSource
 from blobsvc.config import package_version
-from blobsvc.http import blob_url
+from blobsvc.http import blob_url, python_path, signed_url
 from blobsvc.wire._protocol import ContentKey, JobBlob
 
 from .agent_helpers import AgentProcess, run_agent, start_agent
@@ -155,14 +158,18 @@ def test_an_unreachable_server_is_a_502_naming_it(tmp_path: Path) -> None:
         address = f"127.0.0.1:{placeholder.getsockname()[1]}"  # nobody listens there
         with run_agent(address, tmp_path / "cache") as lonely:
             status, body = lonely.get(f"/blobs/{'cd' * 32}")
+            launcher = lonely.get(python_path("cd" * 32, "env.tar.gz", "env-python"))
     assert status == 502 and address.encode() in body and body[-1:] == b"\n" and body.count(b"\n") == 1
+    assert launcher[0] == 502 and address.encode() in launcher[1]
 
 
 def test_a_blob_larger_than_the_cache_is_a_507(server_thread: ServerThread, put: BlobClient, tmp_path: Path) -> None:
     key = put.put(os.urandom(2 << 20))
     with run_agent(server_thread.address, tmp_path / "cache", "--max-bytes", "1MiB") as small:
         status, body = small.get(f"/blobs/{key}")
+        launcher = small.get(python_path(key, "env.tar.gz", "env-python"))
     assert status == 507 and b"limit" in body
+    assert launcher[0] == 507 and b"limit" in launcher[1]
 
 
 def test_a_secret_requires_signed_urls(settings: Settings, tmp_path: Path) -> None:
@@ -176,6 +183,14 @@ def test_a_secret_requires_signed_urls(settings: Settings, tmp_path: Path) -> No
             assert signed.get(f"/blobs/{key}")[0] == 403
             url = blob_url(signed.url, key=key, name="x.bin", secret=SECRET)
             assert signed.get(url.removeprefix(signed.url)) == (200, b"for the signed only")
+            # A launcher's URL is signed over its own path, as a blob's.
+            with BlobClient(server.address, secret=SECRET, timeout=10) as client:
+                env = client.put(environment_tar(tmp_path / "env.tar.gz"))
+            path = python_path(env, "env.tar.gz", "environment-python")
+            assert signed.get(path)[0] == 403
+            query = blob_url(signed.url, key=env, name="env.tar.gz", secret=SECRET).partition("?")[2]
+            assert signed.get(f"{path}?{query}")[0] == 403, "a blob's signature is not the launcher's"
+            assert signed.get(signed_url("", path, SECRET))[0] == 200
     finally:
         server.stop()
 
@@ -382,3 +397,73 @@ def test_heartbeats_to_an_unreachable_server_release_nothing_and_warn_once(
     assert asyncio.run(beat_three_times_into_the_void()) == [job]
     warnings = [r for r in caplog.records if r.name == "blobsvc.agent" and r.levelname == "WARNING"]
     assert len(warnings) == 1 and "heartbeat to 127.0.0.1:" in warnings[0].getMessage()
+
+
+# --- /python/<key>/<archive>/<launcher>: environments unpacked once per host ----------------
+
+
+def environment_tar(path: Path, *members: tuple[str, bytes], python: bool = True) -> Path:
+    """A venv-pack-like archive: ``bin/python`` links to this test's interpreter by its
+    absolute path, as venv-pack's links to the base interpreter."""
+    with tarfile.open(path, "w:gz") as out:
+        if python:
+            link = tarfile.TarInfo("bin/python")
+            link.type, link.linkname = tarfile.SYMTYPE, sys.executable
+            out.addfile(link)
+        for name, data in (("pyvenv.cfg", b""), *members):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_an_environment_is_unpacked_once_and_its_launcher_runs_its_python(
+    server_thread: ServerThread, put: BlobClient, agent: AgentProcess, tmp_path: Path
+) -> None:
+    archive = environment_tar(tmp_path / "env.tar.gz", ("lib/probe.py", b"X = 1\n"))
+    key = put.put(archive)
+    path = python_path(key, "env.tar.gz", "environment-python")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: agent.get(path), range(8)))
+    assert len(set(answers)) == 1 and answers[0][0] == 200, answers[0]
+    tree = agent.cache_dir / "unpacked" / f"{key}.env"
+    assert answers[0][1] == f'#!/bin/sh\nexec {tree}/bin/python "$@"\n'.encode()
+    assert agent.metric("blobsvc_agent_unpacks_total") == 1, "requests that arrive together share one unpack"
+    assert agent.metric("blobsvc_agent_bytes_fetched_total") == archive.stat().st_size
+    assert agent.get(path, method="HEAD") == (200, b"")
+    launcher = tmp_path / "environment-python"
+    launcher.write_bytes(answers[0][1])
+    launcher.chmod(0o755)
+    ran = subprocess.run([launcher, "-c", "import sys; print(sys.executable)"], capture_output=True, timeout=30)
+    assert ran.stdout.decode().strip() == f"{tree}/bin/python", ran.stderr
+    assert agent.metric("blobsvc_agent_unpacks_total") == 1 and gets(server_thread) == 1
+
+
+def test_a_launcher_path_is_quoted_for_the_shell() -> None:
+    script = launcher_script(Path("/cache/it's $HOME/x"))
+    assert script == b"#!/bin/sh\nexec '/cache/it'\"'\"'s $HOME/x/bin/python' \"$@\"\n"
+
+
+@pytest.mark.parametrize(
+    ("archive", "name", "launcher", "status", "words"),
+    [
+        (None, "env.tar.gz", "env-python", 404, b"no blob with key"),
+        ("env", "env.rar", "env-python", 400, b"not an archive blobsvc unpacks"),
+        ("env", "env.tar.gz", "..", 400, b"not a plain file name"),
+        ("env", "env.tar.gz", "a%20b", 400, b"not a plain file name"),
+        ("unsafe", "env.tar.gz", "env-python", 400, b"climbs out"),
+        ("no-python", "env.tar.gz", "env-python", 400, b"no bin/python"),
+    ],
+)
+def test_bad_launcher_requests_get_clear_errors(
+    put: BlobClient, agent: AgentProcess, tmp_path: Path, archive: str | None, name: str, launcher: str, status: int,
+    words: bytes,
+) -> None:  # fmt: skip
+    archives = {
+        "env": lambda: environment_tar(tmp_path / "env.tar.gz"),
+        "unsafe": lambda: environment_tar(tmp_path / "env.tar.gz", ("../evil", b"x")),
+        "no-python": lambda: environment_tar(tmp_path / "env.tar.gz", ("lib/x.py", b""), python=False),
+    }
+    key = "ab" * 32 if archive is None else put.put(archives[archive]())
+    got, body = agent.get(f"/python/{key}/{name}/{launcher}")
+    assert (got, words in body, body.count(b"\n")) == (status, True, 1), body

@@ -151,21 +151,25 @@ def test_quick_pages_benchmark_times_recycled_and_idle_pages_of_each_kind(tmp_pa
 
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.timeout(480)  # five Spark applications; on a busy machine each can take half a minute
+@pytest.mark.timeout(600)  # seven Spark applications; on a busy machine each can take half a minute
 def test_quick_agent_benchmark_times_each_application_and_the_agents_http_face(tmp_path: Path) -> None:
     env_dir = tmp_path / "env"  # the quick environment is made from a local wheel: no network
-    records = run_quick("benchmarks.bench_agent", "--tmp-dir", str(tmp_path), "--env-dir", str(env_dir), timeout=420)
+    records = run_quick("benchmarks.bench_agent", "--tmp-dir", str(tmp_path), "--env-dir", str(env_dir), timeout=540)
     setup, *measurements, last = records
     assert setup["bench"] == "setup" and setup["quick"] and setup["archive_bytes"] > 0
     apps = [(r["variant"], r["app"]) for r in measurements if r["bench"] == "application"]
-    assert apps == [("baseline", 0), ("spark", 1), ("agent", 1), ("spark", 2), ("agent", 2)]
+    assert apps == [("baseline", 0), *[(variant, app) for app in (1, 2) for variant in ("spark", "agent", "host")]]
     agent = {r["app"]: r for r in measurements if r.get("variant") == "agent"}
     assert agent[1]["agent_bytes_fetched"] == setup["archive_bytes"] and agent[1]["server_gets"] == 1
     assert agent[2]["agent_bytes_fetched"] == 0 and agent[2]["server_gets"] == 0, "app 2: the host's copy"
+    host = {r["app"]: r for r in measurements if r.get("variant") == "host"}
+    assert (host[1]["agent_unpacks"], host[2]["agent_unpacks"]) == (1, 0), "unpacked once for the host"
+    assert host[2]["agent_bytes_fetched"] == 0
     http = {r["bench"]: r for r in measurements if r["bench"] in {"agent_http_cold", "agent_http", "baseline_sendfile"}}
     assert len(http) == 3 and all(r["median_MB_s"] > 0 for r in http.values())
     summary = last["summary"]
     assert summary["agent_app2"]["server_bytes_sent"] == [0] and summary["http"]["median_ratio"] > 0
+    assert summary["host_app2"]["agent_unpacks"] == [0]
     assert set(last["targets_met"]) == {"app2_overhead_at_most_a_tenth_of_spark", "agent_http_at_least_0.8_of_sendfile"}
     assert all(isinstance(met, bool) for met in last["targets_met"].values())
     assert list(tmp_path.iterdir()) == [env_dir], "the working directory is removed afterwards"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from blobsvc import InvalidArgument
-from blobsvc.cache._archives import archive_kind, prune, remove_unpacked, unpack
+from blobsvc.cache._archives import archive_kind, prune, remove_unpacked, unpack, unpack_once
 from blobsvc.cache._store import boot_id
 from blobsvc.spark import UnsafeArchive
 
@@ -169,3 +169,79 @@ def test_a_tree_unpacked_in_an_earlier_boot_is_unpacked_again(tmp_path: Path) ->
     assert unpack(root, "k", archive, "tar") == tree
     assert (tree / "lib" / "x.py").read_bytes() == b"x = 1\n"
     assert (root / ".k.boot").read_text() == boot_id()
+
+
+# --- environment mode: a packed Python environment's absolute bin/python ------------------
+
+
+def venv_pack_like(path: Path, *extra: tarfile.TarInfo, interpreter: str = "/usr/bin/python3") -> Path:
+    """What venv-pack makes: ``bin/python`` a symlink to the base interpreter's absolute path."""
+    return tar(
+        path,
+        ("pyvenv.cfg", b"home = /usr/bin\n"),
+        link("bin/python", interpreter),
+        link("bin/python3", "python"),
+        ("lib/python3/site-packages/probe.py", b"X = 1\n"),
+        *extra,
+    )
+
+
+def test_a_venv_pack_archive_unpacks_in_environment_mode_only(tmp_path: Path) -> None:
+    host_dir = tmp_path / "host-lib"
+    host_dir.mkdir(mode=0o755)
+    archive = venv_pack_like(tmp_path / "env.tar.gz", link("lib64", str(host_dir)))
+    root = tmp_path / "unpacked"
+    with pytest.raises(UnsafeArchive, match="absolute path '/usr/bin/python3'"):
+        unpack(root, "k", archive, "tar")
+    tree, fresh = unpack_once(root, "k", archive, "tar", environment=True)
+    assert fresh and tree == root / "k.env", "kept apart from the default mode's tree"
+    assert os.readlink(tree / "bin" / "python") == "/usr/bin/python3"
+    assert (tree / "lib" / "python3" / "site-packages" / "probe.py").read_bytes() == b"X = 1\n"
+    assert os.stat(tree / "pyvenv.cfg").st_mode & 0o222 == 0, "read-only as every tree"
+    assert os.stat(host_dir).st_mode & 0o777 == 0o755, "a linked directory of the host is not made read-only"
+    assert unpack_once(root, "k", archive, "tar", environment=True) == (tree, False), "once per host"
+    assert not (root / "k").exists()
+    content = tmp_path / "content"
+    content.mkdir()
+    assert prune(root, content) == ["k.env"], "pruned with its archive"
+
+
+OUTSIDE = "<outside>"  # stands for a directory outside the tree, made by the test
+
+
+@pytest.mark.parametrize(
+    ("members", "words"),
+    [
+        ([link("lib", OUTSIDE), ("lib/evil", b"x")], "outside the destination"),
+        ([("/etc/evil", b"x")], "absolute path"),
+        ([("a/../../evil", b"x")], "'..'"),
+        ([link("up", "../../etc")], "points outside"),
+        ([link("hard", "/etc/passwd", tarfile.LNKTYPE)], "absolute path"),
+    ],
+    ids=["written-through-an-outside-link", "absolute-member", "dot-dot", "relative-link-out", "hard-link-absolute"],
+)
+def test_environment_mode_relaxes_only_absolute_symlink_targets(
+    tmp_path: Path, members: list[tarfile.TarInfo | tuple[str, bytes]], words: str
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for member in members:
+        if isinstance(member, tarfile.TarInfo) and member.linkname == OUTSIDE:
+            member.linkname = str(outside)
+    archive = tar(tmp_path / "bad.tar", ("fine.txt", b"ok"), *members)
+    with pytest.raises(UnsafeArchive, match=words):
+        unpack(tmp_path / "unpacked", "k", archive, "tar", environment=True)
+    assert list(outside.iterdir()) == [], "nothing written outside the tree"
+    assert not (tmp_path / "unpacked" / "k.env").exists()
+
+
+def test_environment_mode_refuses_a_zip_member_written_through_a_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    archive = zip_with(tmp_path / "env.zip", {"fine.txt": b"ok", "lib/evil": b"x"}, {"lib": str(outside)})
+    with pytest.raises(UnsafeArchive, match="through the link 'lib'"):
+        unpack(tmp_path / "unpacked", "k", archive, "zip", environment=True)
+    assert list(outside.iterdir()) == []
+    zipped = zip_with(tmp_path / "ok.zip", {"pyvenv.cfg": b""}, {"bin/python": "/usr/bin/python3"})
+    tree = unpack(tmp_path / "unpacked", "z", zipped, "zip", environment=True)
+    assert os.readlink(tree / "bin" / "python") == "/usr/bin/python3"

@@ -70,12 +70,13 @@ def test_prints_the_conf_of_an_environment_and_jars_on_the_agent(server_thread: 
             assert status == 200, body
             return body
 
-        assert list(conf) == ["spark.archives", "spark.pyspark.python", "spark.jars"]
-        archive, _, alias = conf["spark.archives"].partition("#")
+        assert list(conf) == ["spark.files", "spark.pyspark.python", "spark.jars"]
         key = blake3.blake3((files / "env.tar.gz").read_bytes()).hexdigest()
-        assert archive.startswith(f"{agent.url}/blobs/{key}/env.tar.gz?expires=") and alias == "environment"
-        assert fetch(archive) == (files / "env.tar.gz").read_bytes()
-        assert conf["spark.pyspark.python"] == "./environment/bin/python"
+        launcher = conf["spark.files"]
+        assert launcher.startswith(f"{agent.url}/python/{key}/env.tar.gz/environment-python?expires=")
+        tree = files / "agent" / "unpacked" / f"{key}.env"
+        assert fetch(launcher) == f'#!/bin/sh\nexec {tree}/bin/python "$@"\n'.encode(), "unpacked once for the host"
+        assert conf["spark.pyspark.python"] == "./environment-python"
         jars = conf["spark.jars"].split(",")
         assert [fetch(url) for url in jars] == [(files / "udfs.jar").read_bytes(), (files / "io.jar").read_bytes()]
         assert [urlsplit(url).path.rsplit("/", 1)[1] for url in jars] == ["udfs.jar", "io.jar"]
@@ -86,7 +87,7 @@ def test_a_second_run_sends_no_bytes_and_agent_beats_the_environment(server_thre
     puts = server_thread.server.requests["PUT"]
     code, out, _ = run(
         server_thread,
-        *("--environment", str(files / "env.tar.gz"), "--alias", "py"),
+        *("--environment", str(files / "env.tar.gz"), "--alias", "py", "--unpack", "spark"),
         *("--agent", "http://10.0.0.1:7000", "--expires-in", "60"),
     )
     assert code == 0 and server_thread.server.requests["PUT"] == puts
@@ -112,6 +113,7 @@ def test_a_second_run_sends_no_bytes_and_agent_beats_the_environment(server_thre
             "no blobsvc agent to fetch through: give --agent, or set BLOBSVC_AGENT",
         ),
         (["--environment", "env.tar.gz", "--agent", "https://agent:1"], AGENT, "not an agent URL"),
+        (["--environment", "env.tar.gz", "--unpack", "pex"], AGENT, "'pex' is not one of 'host', 'spark'"),
     ],
     ids=[
         "nothing-to-ship",
@@ -122,6 +124,7 @@ def test_a_second_run_sends_no_bytes_and_agent_beats_the_environment(server_thre
         "same-jar-name",
         "no-agent",
         "not-an-agent-url",
+        "unknown-unpack",
     ],
 )
 def test_bad_input_is_a_usage_error_in_one_line(

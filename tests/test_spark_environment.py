@@ -1,9 +1,10 @@
 """Packed Python environments through the host's agent: ``blobsvc.spark.environment``.
 
 Without Spark: what it sets on a SparkConf, and its errors. With real PySpark on
-``local-cluster[2,1,1024]`` (two applications, one after the other): the executors' Python
-workers run in a venv-pack environment that only the agent delivered, and the second
-application's hosts fetch nothing more from the server.
+``local-cluster[2,1,1024]`` (three applications, one after the other): the executors' Python
+workers run in a venv-pack environment that only the agent delivered and unpacked once for
+the host; a second application's hosts fetch and unpack nothing more; and a third, with
+``unpack="spark"``, has Spark unpack it in each executor from the host's copy.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,28 +103,53 @@ def blobsvc_conf(server: ServerThread, tmp_path: Path, **extra: str) -> SparkCon
     return conf
 
 
+def assert_signed_for_a_week(url: str) -> None:
+    expires = int(parse_qs(urlsplit(url).query)["expires"][0])
+    assert abs(expires - (time.time() + 7 * 24 * 3600)) < 60, "signed for 7 days: executors join later"
+
+
 @pytest.mark.usefixtures("blank_environ")
-def test_a_conf_gets_the_archives_url_on_the_agent_and_the_python_inside_it(
+def test_a_conf_gets_the_launcher_of_the_tree_the_agent_unpacks_once_per_host(
+    server_thread: ServerThread, archive: Path, tmp_path: Path
+) -> None:
+    conf = blobsvc_conf(server_thread, tmp_path, **{"spark.files": "hdfs:///data/words.txt"})
+    secret = str(server_thread.settings.secret_file)
+    with run_agent(server_thread.address, tmp_path / "agent", "--secret-file", secret) as running:
+        agent = running.url
+        assert environment(conf, archive, agent=agent) is conf
+        kept, url = conf.get("spark.files", "").split(",")
+        status, script = running.get(url.removeprefix(agent))
+        assert status == 200 and script.startswith(b"#!/bin/sh\nexec ") and b"/unpacked/" in script
+    key = blake3.blake3(archive.read_bytes()).hexdigest()
+    assert kept == "hdfs:///data/words.txt", "files already set are kept"
+    assert url.startswith(f"{agent}/python/{key}/env.tar.gz/environment-python?expires=")
+    assert_signed_for_a_week(url)
+    assert conf.get("spark.archives") is None, "Spark unpacks nothing"
+    assert conf.get("spark.pyspark.python") == "./environment-python"
+    assert os.environ["PYSPARK_PYTHON"] == "./environment-python"
+    with BlobClient(server_thread.address, secret=b"s3cr3t") as client:
+        assert client.stat(key).size == archive.stat().st_size  # content: a blob of no job
+
+
+@pytest.mark.usefixtures("blank_environ")
+def test_unpacked_by_spark_a_conf_gets_the_archives_url_on_the_agent_and_the_python_inside_it(
     server_thread: ServerThread, archive: Path, tmp_path: Path
 ) -> None:
     conf = blobsvc_conf(server_thread, tmp_path)
     secret = str(server_thread.settings.secret_file)
     with run_agent(server_thread.address, tmp_path / "agent", "--secret-file", secret) as running:
         agent = running.url
-        assert environment(conf, archive, agent=agent) is conf
+        assert environment(conf, archive, agent=agent, unpack="spark") is conf
         url = conf.get("spark.archives", "").partition("#")[0]
         assert running.get(url.removeprefix(agent)) == (200, archive.read_bytes()), "the URL works as given"
     key = blake3.blake3(archive.read_bytes()).hexdigest()
     url, _, alias = conf.get("spark.archives", "").partition("#")
     assert alias == "environment"
     assert url.startswith(f"{agent}/blobs/{key}/env.tar.gz?expires=")
-    expires = int(parse_qs(urlsplit(url).query)["expires"][0])
-    assert abs(expires - (time.time() + 7 * 24 * 3600)) < 60, "signed for 7 days: executors join later"
+    assert_signed_for_a_week(url)
     assert urlsplit(url).path.endswith("/env.tar.gz"), "Spark unpacks by the file name the URL's path ends in"
     assert conf.get("spark.pyspark.python") == "./environment/bin/python"
     assert os.environ["PYSPARK_PYTHON"] == "./environment/bin/python"
-    with BlobClient(server_thread.address, secret=b"s3cr3t") as client:
-        assert client.stat(key).size == archive.stat().st_size  # content: a blob of no job
 
 
 @pytest.mark.usefixtures("blank_environ")
@@ -136,20 +162,27 @@ def test_an_archive_the_server_holds_is_neither_read_nor_sent_again(
     monkeypatch.setattr(_digests, "hash_file", lambda path: pytest.fail("read again"))
     conf = environment(blobsvc_conf(server_thread, tmp_path), archive, agent=AGENT)
     assert server_thread.server.requests["PUT"] == puts, "no bytes sent"
-    assert f"/blobs/{blake3.blake3(archive.read_bytes()).hexdigest()}/" in conf.get("spark.archives", "")
+    assert f"/python/{blake3.blake3(archive.read_bytes()).hexdigest()}/" in conf.get("spark.files", "")
 
 
 @pytest.mark.usefixtures("blank_environ")
-def test_archives_already_set_are_kept_but_one_under_the_same_alias(
+def test_entries_already_set_are_kept_but_one_spark_would_put_in_the_same_place(
     server_thread: ServerThread, archive: Path, tmp_path: Path
 ) -> None:
     earlier = "hdfs:///data/dicts.zip#dicts,http://old-agent:6131/blobs/00/env.tar.gz?expires=1&signature=ab#py"
     conf = blobsvc_conf(server_thread, tmp_path, **{"spark.archives": earlier})
-    environment(conf, archive, alias="py", agent=AGENT)
+    environment(conf, archive, alias="py", agent=AGENT, unpack="spark")
     entries = conf.get("spark.archives", "").split(",")
     assert entries[0] == "hdfs:///data/dicts.zip#dicts"
     assert len(entries) == 2 and entries[1].startswith(f"{AGENT}/blobs/") and entries[1].endswith("#py")
     assert conf.get("spark.pyspark.python") == "./py/bin/python"
+    earlier = "hdfs:///data/words.txt,http://old-agent:6131/python/00/env.tar.gz/py-python?expires=1&signature=ab"
+    conf = blobsvc_conf(server_thread, tmp_path, **{"spark.files": earlier})
+    environment(conf, archive, alias="py", agent=AGENT)
+    entries = conf.get("spark.files", "").split(",")
+    assert entries[0] == "hdfs:///data/words.txt"
+    assert len(entries) == 2 and entries[1].startswith(f"{AGENT}/python/") and "/py-python?" in entries[1]
+    assert conf.get("spark.pyspark.python") == "./py-python"
 
 
 @pytest.mark.usefixtures("blank_environ")
@@ -157,7 +190,7 @@ def test_the_agent_is_the_argument_else_the_conf_else_the_environment(
     server_thread: ServerThread, archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def agent_of(conf: SparkConf) -> str:
-        return urlsplit(conf.get("spark.archives", "")).netloc
+        return urlsplit(conf.get("spark.files", "")).netloc
 
     monkeypatch.setenv("BLOBSVC_AGENT_URL", "http://127.0.0.1:7003")
     with_conf = {"spark.blobsvc.agent": "http://127.0.0.1:7002"}
@@ -183,6 +216,7 @@ def test_the_agent_is_the_argument_else_the_conf_else_the_environment(
         ({"agent": "ftp://agent:21"}, "setting agent_url: not an agent URL"),
         ({"builder": "spark.archives=x"}, "takes a SparkSession.Builder or a SparkConf, not a str"),
         ({"master": "local[2]"}, "master 'local[2]' runs Python workers where no archive is unpacked"),
+        ({"unpack": "pex"}, "unpack='pex': give one of 'host', 'spark'"),
     ],
     ids=[
         "missing-file",
@@ -194,6 +228,7 @@ def test_the_agent_is_the_argument_else_the_conf_else_the_environment(
         "not-an-agent-url",
         "not-a-conf",
         "local-master",
+        "unknown-unpack",
     ],
 )
 def test_bad_input_is_one_line_invalid_argument(
@@ -210,10 +245,11 @@ def test_bad_input_is_one_line_invalid_argument(
     with pytest.raises(InvalidArgument) as raised:
         environment(arguments.pop("builder"), arguments.pop("archive"), **arguments)
     assert message in str(raised.value) and "\n" not in str(raised.value)
-    assert conf.get("spark.archives") is None and os.environ["PYSPARK_PYTHON"] == sys.executable
+    assert conf.get("spark.archives") is None and conf.get("spark.files") is None
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
 
 
-# --- with Spark: two applications through one agent -------------------------------------
+# --- with Spark: three applications through one agent -----------------------------------
 
 
 @dataclass
@@ -226,6 +262,9 @@ class Cluster:
     def fetched(self) -> float:
         """Bytes the agent downloaded from the server."""
         return self.agent.metric("blobsvc_agent_bytes_fetched_total")
+
+    def unpacks(self) -> float:
+        return self.agent.metric("blobsvc_agent_unpacks_total")
 
 
 @pytest.fixture(scope="module")
@@ -254,81 +293,102 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         server.stop()
 
 
-def run_tasks(session: Any) -> list[tuple[str, str, str, str]]:
-    """One row per task: the executor, the worker's Python, where the unpacked environment's
-    Python is, and what the probe package answered."""
+Row = tuple[str, str, str]
 
-    def task(_: Iterator[int]) -> Iterator[tuple[str, str, str, str]]:
+
+def run_application(
+    cluster: Cluster, archive: Path, name: str, unpack: str, during: Callable[[], object] = lambda: None
+) -> list[Row]:
+    """One application with the environment, run to its end: one row per task, the executor,
+    the worker's Python and what the probe package answered. ``during`` runs while it runs."""
+
+    def task(_: Iterator[int]) -> Iterator[Row]:
         import blobsvc_envprobe  # type: ignore[import-not-found]
 
-        here = os.getcwd()  # a standalone worker starts executor N in <app dir>/N
-        yield (
-            os.path.basename(here),
-            sys.executable,
-            os.path.join(here, "environment", "bin", "python"),
-            blobsvc_envprobe.ANSWER,
-        )
+        # A standalone worker starts executor N in <app dir>/N.
+        yield os.path.basename(os.getcwd()), sys.executable, blobsvc_envprobe.ANSWER
 
-    rows: list[tuple[str, str, str, str]] = (
-        session.sparkContext.parallelize(range(TASKS), TASKS).mapPartitions(task).collect()
+    session = start_session(
+        cluster.root / "work", cluster.conf, name=name, prepare=lambda b: environment(b, archive, unpack=unpack)
     )
+    try:
+        rows: list[Row] = session.sparkContext.parallelize(range(TASKS), TASKS).mapPartitions(task).collect()
+        during()
+    finally:
+        session.stop()
     return rows
 
 
-def assert_ran_in_the_environment(rows: list[tuple[str, str, str, str]]) -> None:
+def assert_ran_in(rows: list[Row], python: Callable[[str], str]) -> None:
+    """Both executors ran tasks, each in the Python ``python(executor)`` names, with the probe."""
     assert {row[0] for row in rows} == {"0", "1"}, "both executors ran tasks"
-    for _, executable, unpacked_python, answer in rows:
-        assert executable == unpacked_python and executable.endswith("/environment/bin/python")
-        assert answer == ANSWER
+    for executor, executable, answer in rows:
+        assert executable.endswith(python(executor)) and answer == ANSWER, (executable, python(executor))
 
 
 @dataclass
 class FirstApplication:
-    rows: list[tuple[str, str, str, str]]
+    rows: list[Row]
     fetched: float
+    unpacks: float
+    hits: float
     refused: str
 
 
 @pytest.fixture(scope="module")
 def first_application(cluster: Cluster, archive: Path) -> FirstApplication:
-    """The first application with the environment, run to its end (the session stopped)."""
+    """The first application with the environment unpacked by the host's agent."""
     assert importlib.util.find_spec(PROBE) is None, "the probe must come from the environment only"
-    session = start_session(cluster.root / "work", cluster.conf, prepare=lambda b: environment(b, archive))
-    try:
-        rows = run_tasks(session)
-        with pytest.raises(InvalidArgument) as refused:
+    refused = []
+
+    def another_environment() -> None:
+        with pytest.raises(InvalidArgument) as raised:
             environment(SparkConf(loadDefaults=False).setAll(list(cluster.conf.items())), archive)
-    finally:
-        session.stop()
-    return FirstApplication(rows, cluster.fetched(), str(refused.value))
+        refused.append(str(raised.value))
+
+    rows = run_application(cluster, archive, "first-application", "host", another_environment)
+    hits = cluster.agent.metric("blobsvc_agent_hits_total")
+    return FirstApplication(rows, cluster.fetched(), cluster.unpacks(), hits, refused[0])
+
+
+def host_python(cluster: Cluster, archive: Path) -> str:
+    key = blake3.blake3(archive.read_bytes()).hexdigest()
+    return str(cluster.agent.cache_dir / "unpacked" / f"{key}.env" / "bin" / "python")
 
 
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_executors_run_tasks_in_the_environment_the_agent_fetched(
-    first_application: FirstApplication, archive: Path
+def test_executors_run_tasks_in_the_tree_the_agent_unpacked_once_for_the_host(
+    cluster: Cluster, first_application: FirstApplication, archive: Path
 ) -> None:
-    assert_ran_in_the_environment(first_application.rows)
+    assert_ran_in(first_application.rows, lambda _: host_python(cluster, archive))
     assert first_application.fetched == archive.stat().st_size, "the agent fetched the archive once for the host"
+    assert first_application.unpacks == 1, "and unpacked it once, for the driver and both executors"
     assert "a SparkContext is running" in first_application.refused
 
 
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_second_application_fetches_nothing_more_from_the_server(
+def test_a_second_application_fetches_and_unpacks_nothing_more(
     cluster: Cluster, archive: Path, first_application: FirstApplication
 ) -> None:
-    hits = cluster.agent.metric("blobsvc_agent_hits_total")
-    session = start_session(
-        cluster.root / "work", cluster.conf, name="second-application", prepare=lambda b: environment(b, archive)
-    )
-    try:
-        rows = run_tasks(session)
-    finally:
-        session.stop()
-    assert_ran_in_the_environment(rows)
+    rows = run_application(cluster, archive, "second-application", "host")
+    assert_ran_in(rows, lambda _: host_python(cluster, archive))
     assert cluster.fetched() == first_application.fetched, "no byte more from the server"
-    # The driver and both executors fetched spark.archives again: from the host's copy.
-    assert cluster.agent.metric("blobsvc_agent_hits_total") >= hits + 3
+    assert cluster.unpacks() == first_application.unpacks, "no unpack more"
+    # The driver and both executors fetched the launcher again: from the host's tree.
+    assert cluster.agent.metric("blobsvc_agent_hits_total") >= first_application.hits + 3
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_unpacked_by_spark_executors_run_tasks_in_their_own_copy_fetched_from_the_host(
+    cluster: Cluster, archive: Path, first_application: FirstApplication
+) -> None:
+    rows = run_application(cluster, archive, "unpacked-by-spark", "spark")
+    # Each executor's own copy, in its working directory (<app dir>/<executor>).
+    assert_ran_in(rows, lambda executor: f"/{executor}/environment/bin/python")
+    assert cluster.fetched() == first_application.fetched, "spark.archives came from the host's copy"

@@ -8,7 +8,9 @@ executor of every application, and released when its job ends.
 The face serves what the server's HTTP face serves, at the same paths and under the same
 signed-URL rule (:mod:`blobsvc.http`): ``GET``/``HEAD`` of ``/blobs/<key>[/<file name>]`` and
 ``/jobs/<job>/<name>``, with Range and ETag, the body sent with ``sendfile`` from the local
-copy; and ``/metrics``. Its rules:
+copy; and ``/metrics``. It also unpacks packed Python environments once per host:
+``/python/<key>/<archive>/<launcher>`` answers a launcher script of the host's tree
+(:mod:`._python`), which ``blobsvc.spark.environment`` puts in ``spark.files``. Its rules:
 
 * **Nothing unverified is served.** Every answer is a file the BlobCache has just returned,
   complete and checked against its key; its size is known before the header goes out, so a
@@ -26,7 +28,8 @@ copy; and ``/metrics``. Its rules:
   blob, 400 and 403 as on the server.
 
 Modules: ``_source`` (blobs out of the cache for the face: one flight per blob, job references,
-failures as statuses), ``_heartbeat`` (reports to the server, releases of gone jobs) and
+failures as statuses; environments unpacked), ``_python`` (the launcher route's paths and
+script), ``_heartbeat`` (reports to the server, releases of gone jobs) and
 ``_agent`` (:class:`Agent`: listener, connections, metrics, shutdown).
 
 May import the cache, the client, :mod:`blobsvc.http`, storage's :class:`OpenBlob`, the wire,

@@ -10,9 +10,19 @@ from collections import Counter
 from typing import Any
 
 from ..cache import BlobCache
+from ..cache._archives import archive_kind
 from ..client import AsyncBlobClient
 from ..config import Settings, package_version, parse_port_range
-from ..http import HttpConnection, HttpFace, HttpRequest, HttpResponse, text_response
+from ..http import (
+    PYTHON_ROUTE,
+    HttpConnection,
+    HttpFace,
+    HttpRequest,
+    HttpResponse,
+    parse_python_path,
+    python_path,
+    text_response,
+)
 from ..http._observe import RequestObserver
 from ..http._slots import Slots
 from ..storage import OpenBlob
@@ -20,6 +30,7 @@ from ..wire._netio import SocketStream, bind_listener
 from ..wire._protocol import ContentKey, JobBlob
 from ..wire._tls import client_context_for
 from ._heartbeat import Heartbeats
+from ._python import launcher_response
 from ._source import CacheSource
 
 __all__ = ["Agent"]
@@ -46,6 +57,7 @@ class Agent:
         self.source: CacheSource | None = None
         self.http = HttpFace(self._open_blob, settings.secret())
         self.http.routes["metrics"] = self._metrics
+        self.http.routes[PYTHON_ROUTE] = self._python
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._client: AsyncBlobClient | None = None  # heartbeats' (the cache has a blocking one)
@@ -96,6 +108,19 @@ class Agent:
         assert self.source is not None, "the agent is not started"
         return await self.source.open_blob(target)
 
+    async def _python(self, request: HttpRequest) -> HttpResponse:
+        """``/python/<key>/<archive>/<launcher>``: the launcher of an environment unpacked here."""
+        assert self.source is not None, "the agent is not started"
+        try:
+            key, archive, launcher = parse_python_path(request.path)
+            archive_kind(archive)  # how to unpack it, by its name's suffix
+        except ValueError as exc:
+            return text_response(400, f"not a launcher URL: {exc}")
+        refused = self.http.authorise(python_path(key, archive, launcher), request.query)
+        if refused is not None:
+            return refused
+        return launcher_response(await self.source.environment(key, archive))
+
     async def serve_forever(self) -> None:
         assert self._accepting is not None, "start() first"
         with contextlib.suppress(asyncio.CancelledError):
@@ -133,7 +158,7 @@ class Agent:
     def counts(self) -> dict[str, int]:
         """This agent's own counts (the host's other cache users apart): hits, misses,
         downloads, bytes fetched from the server and from the HA store, store copies refused,
-        bytes served, fetches in flight."""
+        bytes served, fetches in flight, Python environments unpacked."""
         assert self.source is not None, "the agent is not started"
         own = self.source.cache.store.counters.own()
         return {
@@ -145,6 +170,7 @@ class Agent:
             "store_refused": own["store_refused"],
             "bytes_served": self.bytes_served,
             "downloads_in_flight": self.source.in_flight,
+            "unpacks": self.source.unpacks,
         }
 
     async def _metrics(self, request: HttpRequest) -> HttpResponse:
@@ -170,6 +196,7 @@ _METRICS = (  # name, counts() field or None, type, help
     ),
     ("blobsvc_agent_bytes_served_total", "bytes_served", "counter", "Body bytes sent to HTTP clients."),
     ("blobsvc_agent_downloads_in_flight", "downloads_in_flight", "gauge", "Blobs being fetched right now."),
+    ("blobsvc_agent_unpacks_total", "unpacks", "counter", "Python environments unpacked for /python launchers."),
     ("blobsvc_agent_cache_bytes", "cache_bytes", "gauge", "Bytes of the blobs in the host cache."),
     ("blobsvc_agent_cache_max_bytes", "cache_max_bytes", "gauge", "The host cache's limit in bytes."),
     ("blobsvc_agent_jobs", "jobs", "gauge", "Jobs whose files the agent holds a reference on."),
@@ -177,7 +204,7 @@ _METRICS = (  # name, counts() field or None, type, help
 
 
 def render_metrics(counts: dict[str, int], cache_bytes: int, cache_max_bytes: int, jobs: int) -> str:
-    """The Prometheus text format, written here: ten numbers do not need prometheus-client
+    """The Prometheus text format, written here: a dozen numbers do not need prometheus-client
     on every executor host."""
     values = {**counts, "cache_bytes": cache_bytes, "cache_max_bytes": cache_max_bytes, "jobs": jobs}
     lines = []

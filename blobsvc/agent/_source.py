@@ -11,6 +11,11 @@ download never holds up the event loop, nor the threads asyncio lends to others.
 A job blob's request makes the agent hold a reference on its job (a lease of this process in
 the cache), so the job's files are neither evicted nor cleaned up while the job exists on the
 server; :meth:`CacheSource.release` drops it once the server says the job is gone.
+
+:meth:`CacheSource.environment` is a packed Python environment's tree: its archive fetched
+as above, then unpacked once per host (in environment mode, see :mod:`blobsvc.cache._archives`)
+under the cache's ``unpacked/``, where ``blobsvc.spark`` unpacks its archives, and pruned as
+they are once the archive leaves the cache. Requests for one environment share one flight too.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ import asyncio
 import errno
 import os
 import threading
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .._exceptions import BlobError, NotFound
 from ..cache import BlobCache, CacheError
+from ..cache._archives import ENVIRONMENT_SUFFIX, UnsafeArchive, archive_kind, prune, unpack_once
 from ..http import HttpError
 from ..storage import OpenBlob
 from ..wire._protocol import ContentKey, JobBlob
@@ -44,7 +51,8 @@ class CacheSource:
         self.cache = cache
         self.server = server
         self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="blobsvc-agent-fetch")
-        self._flights: dict[Target, asyncio.Future[Path]] = {}
+        self._flights: dict[Hashable, asyncio.Future[Path]] = {}  # a Target, or ("python", key)
+        self.unpacks = 0  # environments this agent unpacked
         self._jobs: set[str] = set()  # the jobs this agent holds a reference on
         self._jobs_lock = threading.Lock()  # fetch threads take references
 
@@ -73,18 +81,29 @@ class CacheSource:
             return OpenBlob(fd, os.fstat(fd).st_size, key)
         raise AssertionError("unreachable")
 
+    async def environment(self, key: bytes, filename: str) -> Path:
+        """The tree of the packed Python environment ``key`` (an archive named ``filename``),
+        unpacked on this host; fetched and unpacked first if the host lacks it."""
+        kind = archive_kind(filename)
+        return await self._flight(("python", key), lambda: self._unpack(key.hex(), kind))
+
     async def _path(self, target: Target) -> Path:
-        flight = self._flights.get(target)
+        return await self._flight(target, lambda: self._fetch(target))
+
+    async def _flight(self, token: Hashable, work: Callable[[], Path]) -> Path:
+        """``work``'s result, run on the pool once for all the requests for ``token`` that
+        arrive while it runs."""
+        flight = self._flights.get(token)
         if flight is None:
             loop = asyncio.get_running_loop()
-            flight = loop.run_in_executor(self._pool, self._fetch, target)
-            self._flights[target] = flight
-            flight.add_done_callback(lambda done: self._landed(target, done))
+            flight = loop.run_in_executor(self._pool, work)
+            self._flights[token] = flight
+            flight.add_done_callback(lambda done: self._landed(token, done))
         # Shielded: a client that hangs up must not cancel the fetch the others wait for.
         return await asyncio.shield(flight)
 
-    def _landed(self, target: Target, flight: asyncio.Future[Path]) -> None:
-        self._flights.pop(target, None)
+    def _landed(self, token: Hashable, flight: asyncio.Future[Path]) -> None:
+        self._flights.pop(token, None)
         if not flight.cancelled():
             flight.exception()  # retrieved: a fetch whose waiters all left must not be reported unseen
 
@@ -105,6 +124,30 @@ class CacheSource:
         except OSError as exc:
             status = 507 if exc.errno in (errno.ENOSPC, errno.EDQUOT) else 500
             raise HttpError(status, f"the host cache at {self.cache.root}: {exc.strerror or exc}") from None
+
+    def _unpack(self, key: str, kind: str) -> Path:
+        """The environment's tree (a worker thread); failures as the HTTP face answers them."""
+        trees = self.cache.root / "unpacked"
+        for attempt in (1, 2):
+            archive = self._fetch(ContentKey(bytes.fromhex(key)))
+            try:
+                if not (trees / (key + ENVIRONMENT_SUFFIX)).is_dir():  # a new tree: drop stale ones
+                    prune(trees, self.cache.store.content_dir)
+                tree, fresh = unpack_once(trees, key, archive, kind, environment=True)
+            except FileNotFoundError:  # the archive evicted between the fetch and the unpack
+                if attempt == 2:
+                    raise
+                continue
+            except UnsafeArchive as exc:
+                raise HttpError(400, f"not an environment the agent unpacks: {exc}") from None
+            except OSError as exc:
+                status = 507 if exc.errno in (errno.ENOSPC, errno.EDQUOT) else 500
+                raise HttpError(status, f"unpacking into {trees}: {exc.strerror or exc}") from None
+            if fresh:
+                with self._jobs_lock:  # fetch threads of other environments count too
+                    self.unpacks += 1
+            return tree
+        raise AssertionError("unreachable")
 
     def _hold(self, job: str) -> None:
         with self._jobs_lock:

@@ -18,6 +18,20 @@ Every member is checked before a byte is written: an absolute path, a ``..`` com
 device or FIFO, or a link whose target lands outside the directory refuses the whole archive
 with :class:`UnsafeArchive`, and nothing is unpacked. Tar members are extracted with
 :mod:`tarfile`'s ``data`` filter as well, a second guard that also drops set-uid bits.
+
+**Python environments** (``environment=True``) relax one rule, for a reason. A venv-pack
+archive's ``bin/python`` is a symlink to the absolute path of the interpreter the venv was
+made from, and without it the environment has no Python. In this mode a symlink may point to
+an absolute path; nothing else changes: members still may not be absolute paths, climb with
+``..``, or be devices or FIFOs, and a relative link still may not lead out of the tree. Tar
+members are extracted with tarfile's ``tar`` filter (the ``data`` filter refuses absolute
+link targets), which still refuses to write any member through a link to outside the tree
+and still drops set-uid bits. The trade-off: the tree holds links to anywhere on the host.
+Following one reads what the host's own users can read anyway (no file is written through
+it), so an environment is as trustworthy as the interpreter it names, which is the point of
+shipping one. Such a tree is kept apart from the default mode's (``<key>.env`` beside
+``<key>``), so an archive unpacked both ways never hands its absolute links to a caller who
+did not ask for them.
 """
 
 from __future__ import annotations
@@ -37,9 +51,20 @@ from .._exceptions import BlobError, InvalidArgument
 from ._lock import FileLock
 from ._store import boot_id
 
-__all__ = ["ARCHIVE_SUFFIXES", "UnsafeArchive", "archive_kind", "prune", "remove_unpacked", "unpack"]
+__all__ = [
+    "ARCHIVE_SUFFIXES",
+    "ENVIRONMENT_SUFFIX",
+    "UnsafeArchive",
+    "archive_kind",
+    "prune",
+    "remove_unpacked",
+    "unpack",
+    "unpack_once",
+]
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
+# An environment's tree is <key>.env, apart from the same archive unpacked by the default rules.
+ENVIRONMENT_SUFFIX = ".env"
 _TEMP_PREFIX = ".unpacking-"
 
 
@@ -67,10 +92,13 @@ def _inside(member: str, what: str) -> str:
     return posixpath.normpath("/".join(parts))
 
 
-def _check_link(member: str, target: str, *, hard: bool) -> None:
+def _check_link(member: str, target: str, *, hard: bool, environment: bool) -> None:
     """A link's target must stay inside: relative to the link's directory for a symlink,
-    to the archive's root for a hard link."""
+    to the archive's root for a hard link. A Python environment's symlinks may name an
+    absolute path (its ``bin/python``); its hard links may not."""
     if target.startswith("/"):
+        if environment and not hard:
+            return
         raise UnsafeArchive(f"link {member!r} points to the absolute path {target!r}")
     base = "" if hard else posixpath.dirname(member)
     resolved = posixpath.normpath(posixpath.join(base, target))
@@ -78,11 +106,11 @@ def _check_link(member: str, target: str, *, hard: bool) -> None:
         raise UnsafeArchive(f"link {member!r} points outside the directory ({target!r})")
 
 
-def _check_tar(archive: tarfile.TarFile) -> None:
+def _check_tar(archive: tarfile.TarFile, environment: bool) -> None:
     for member in archive.getmembers():
         name = _inside(member.name, "member")
         if member.issym() or member.islnk():
-            _check_link(name, member.linkname, hard=member.islnk())
+            _check_link(name, member.linkname, hard=member.islnk(), environment=environment)
         elif not (member.isfile() or member.isdir()):
             raise UnsafeArchive(f"member {member.name!r} is a device or FIFO")
 
@@ -91,18 +119,29 @@ def _zip_is_symlink(info: zipfile.ZipInfo) -> bool:
     return stat.S_ISLNK(info.external_attr >> 16)
 
 
-def _check_zip(archive: zipfile.ZipFile) -> None:
+def _check_zip(archive: zipfile.ZipFile, environment: bool) -> None:
+    links = set()
     for info in archive.infolist():
         name = _inside(info.filename, "member")
         if _zip_is_symlink(info):
-            _check_link(name, archive.read(info).decode("utf-8", "replace"), hard=False)
+            target = archive.read(info).decode("utf-8", "replace")
+            _check_link(name, target, hard=False, environment=environment)
+            links.add(name)
+    # zipfile writes through a symlinked directory without looking; in an environment that
+    # link may point anywhere, so a member below one is refused.
+    for info in archive.infolist() if environment and links else ():
+        parent = posixpath.dirname(_inside(info.filename, "member"))
+        while parent:
+            if parent in links:
+                raise UnsafeArchive(f"member {info.filename!r} would be written through the link {parent!r}")
+            parent = posixpath.dirname(parent)
 
 
-def _extract(archive_path: Path, kind: str, dest: Path) -> None:
+def _extract(archive_path: Path, kind: str, dest: Path, environment: bool) -> None:
     try:
         if kind == "zip":
             with zipfile.ZipFile(archive_path) as archive:
-                _check_zip(archive)
+                _check_zip(archive, environment)
                 for info in archive.infolist():
                     if _zip_is_symlink(info):  # zipfile would write the target as a file
                         link = dest / _inside(info.filename, "member")
@@ -112,8 +151,11 @@ def _extract(archive_path: Path, kind: str, dest: Path) -> None:
                         archive.extract(info, dest)
         else:
             with tarfile.open(archive_path) as archive:
-                _check_tar(archive)
-                archive.extractall(dest, filter="data")
+                _check_tar(archive, environment)
+                # "tar" still refuses a member written through a link to outside dest.
+                archive.extractall(dest, filter="tar" if environment else "data")
+    except tarfile.FilterError as exc:
+        raise UnsafeArchive(f"{archive_path.name}: {exc}") from exc
     except (zipfile.BadZipFile, tarfile.TarError, EOFError) as exc:
         raise UnsafeArchive(f"{archive_path.name} is not a readable {kind} archive: {exc}") from exc
 
@@ -126,7 +168,9 @@ def _make_read_only(tree: Path) -> None:
             if stat.S_ISREG(mode):
                 os.chmod(path, 0o555 if mode & 0o111 else 0o444)
         for name in dirs:
-            os.chmod(os.path.join(parent, name), 0o555)
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):  # os.walk lists links to directories too: never chmod a target
+                os.chmod(path, 0o555)
     os.chmod(tree, 0o555)
 
 
@@ -137,14 +181,16 @@ def remove_unpacked(tree: Path) -> None:
     for parent, dirs, _ in os.walk(tree):
         os.chmod(parent, 0o755)
         for name in dirs:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(parent, name), 0o755, follow_symlinks=False)
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):  # Linux cannot chmod a link itself, and its target is not ours
+                with contextlib.suppress(OSError):
+                    os.chmod(path, 0o755)
     shutil.rmtree(tree, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def _lock(root: Path, key: str) -> Iterator[None]:
-    lock = FileLock(root / f".{key}.lock")
+def _lock(root: Path, name: str) -> Iterator[None]:
+    lock = FileLock(root / f".{name}.lock")
     with lock:
         yield
 
@@ -152,61 +198,69 @@ def _lock(root: Path, key: str) -> Iterator[None]:
 def prune(root: Path, content_dir: Path) -> list[str]:
     """Remove the trees whose archive has left the cache (``content_dir/<key>`` is gone): an
     archive a registered job uses is never evicted, so no task is using such a tree. A tree
-    being unpacked right now (its lock held) is left alone. Returns the keys removed."""
+    being unpacked right now (its lock held) is left alone. Returns the trees' names removed."""
     removed = []
     for tree in root.iterdir() if root.is_dir() else ():
-        key = tree.name
-        if key.startswith(".") or (content_dir / key).exists():
+        name = tree.name
+        key = name.removesuffix(ENVIRONMENT_SUFFIX)
+        if name.startswith(".") or (content_dir / key).exists():
             continue
-        lock = FileLock(root / f".{key}.lock")
+        lock = FileLock(root / f".{name}.lock")
         if not lock.acquire(blocking=False):
             continue
         try:
             if not (content_dir / key).exists():
                 remove_unpacked(tree)
-                _boot_record(root, key).unlink(missing_ok=True)
-                removed.append(key)
+                _boot_record(root, name).unlink(missing_ok=True)
+                removed.append(name)
             lock.unlink()
         finally:
             lock.release()
     return removed
 
 
-def _boot_record(root: Path, key: str) -> Path:
-    return root / f".{key}.boot"
+def _boot_record(root: Path, name: str) -> Path:
+    return root / f".{name}.boot"
 
 
-def _unpacked_in_this_boot(root: Path, key: str, boot: str) -> bool:
+def _unpacked_in_this_boot(root: Path, name: str, boot: str) -> bool:
     try:
-        return (root / key).is_dir() and _boot_record(root, key).read_text() == boot
+        return (root / name).is_dir() and _boot_record(root, name).read_text() == boot
     except FileNotFoundError:
         return False
 
 
-def unpack(root: Path, key: str, archive: Path, kind: str) -> Path:
+def unpack(root: Path, key: str, archive: Path, kind: str, *, environment: bool = False) -> Path:
     """The unpacked directory of ``archive`` (content ``key``) under ``root``, unpacking it
-    first when no process on this host has yet in this boot of the host."""
-    final, boot = root / key, boot_id()
-    if _unpacked_in_this_boot(root, key, boot):
-        return final
+    first when no process on this host has yet in this boot of the host. ``environment``: a
+    Python environment, whose symlinks may name absolute paths (see the module's docstring)."""
+    return unpack_once(root, key, archive, kind, environment=environment)[0]
+
+
+def unpack_once(root: Path, key: str, archive: Path, kind: str, *, environment: bool = False) -> tuple[Path, bool]:
+    """:func:`unpack`, and whether this call unpacked (False when the tree was there)."""
+    name = key + ENVIRONMENT_SUFFIX if environment else key
+    final, boot = root / name, boot_id()
+    if _unpacked_in_this_boot(root, name, boot):
+        return final, False
     root.mkdir(parents=True, exist_ok=True)
-    with _lock(root, key):
-        if _unpacked_in_this_boot(root, key, boot):
-            return final
+    with _lock(root, name):
+        if _unpacked_in_this_boot(root, name, boot):
+            return final, False
         # No process of an earlier boot is alive to use a tree of that boot.
-        _boot_record(root, key).unlink(missing_ok=True)
+        _boot_record(root, name).unlink(missing_ok=True)
         remove_unpacked(final)
-        for leftover in root.glob(f"{_TEMP_PREFIX}{key}-*"):  # a killed unpacker's
+        for leftover in root.glob(f"{_TEMP_PREFIX}{name}-*"):  # a killed unpacker's
             remove_unpacked(leftover)
-        temp = root / f"{_TEMP_PREFIX}{key}-{secrets.token_hex(4)}"
+        temp = root / f"{_TEMP_PREFIX}{name}-{secrets.token_hex(4)}"
         temp.mkdir()
         try:
-            _extract(archive, kind, temp)
+            _extract(archive, kind, temp, environment)
             _make_read_only(temp)
             os.rename(temp, final)
         except BaseException:
             remove_unpacked(temp)
             raise
         # Written in place: a record cut short matches no boot, which only means "unpack again".
-        _boot_record(root, key).write_text(boot)
-    return final
+        _boot_record(root, name).write_text(boot)
+    return final, True

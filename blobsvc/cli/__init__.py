@@ -534,7 +534,14 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
     "--alias",
     default=_spark_conf.DEFAULT_ALIAS,
     show_default=True,
-    help="Directory the environment is unpacked into, in each executor's working directory.",
+    help="Name of the environment in each executor's working directory (host: ./ALIAS-python, spark: ./ALIAS/).",
+)
+@click.option(
+    "--unpack",
+    type=click.Choice(_spark_conf.UNPACK_MODES),
+    default=_spark_conf.DEFAULT_UNPACK,
+    show_default=True,
+    help="Who unpacks the environment: each host's agent, once per host (host), or Spark in every executor (spark).",
 )
 @click.option(
     "--jar",
@@ -553,8 +560,8 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
 )
 @client_options
 @click.pass_context
-def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, jars: tuple[str, ...], agent_url: str | None,
-               expires_in: float, **options: Any) -> None:  # fmt: skip
+def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpack: str, jars: tuple[str, ...],
+               agent_url: str | None, expires_in: float, **options: Any) -> None:  # fmt: skip
     """Upload a packed Python environment and jars, and print the --conf arguments that have
     spark-submit fetch them through each host's blobsvc agent.
 
@@ -564,7 +571,9 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, jars:
     \b
         eval "spark-submit $(blobsvc spark-conf --environment env.tar.gz) app.py"
 
-    spark.archives (URL#ALIAS), spark.pyspark.python (./ALIAS/bin/python) and spark.jars.
+    With --unpack host, spark.files (the agent's launcher of the environment it unpacked once
+    for the host) and spark.pyspark.python (./ALIAS-python); with --unpack spark,
+    spark.archives (URL#ALIAS) and spark.pyspark.python (./ALIAS/bin/python); and spark.jars.
     The URLs name the agent (--agent or BLOBSVC_AGENT_URL), the same on every host, the
     driver's included; they are signed when --secret-file is set. In client mode give the
     driver a local Python too: PYSPARK_DRIVER_PYTHON=python.
@@ -580,12 +589,16 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, jars:
         if len(set(names)) < len(names):
             raise InvalidArgument("two jars have one file name: Spark's fetcher puts both in one directory")
         agent = _spark_conf.agent_url(settings, "give --agent, or set BLOBSVC_AGENT_URL")
-        urls = {}
+        keys = {}
         with _spark_conf.blob_client(settings) as client:
             for path in [*jar_paths, *([archive] if archive else [])]:
-                key, _ = _spark_conf.ship(client, path, settings.cache_dir / "digests")
-                urls[path] = _spark_conf.url(agent, key, path, settings, expires_in)
-    conf = {} if archive is None else _spark_conf.environment_conf(urls[archive], alias)
+                keys[path], _ = _spark_conf.ship(client, path, settings.cache_dir / "digests")
+        urls = {path: _spark_conf.url(agent, keys[path], path, settings, expires_in) for path in jar_paths}
+        conf = {}
+        if archive is not None:
+            conf = _spark_conf.environment_conf(
+                agent, keys[archive], archive, alias, settings, unpack=unpack, expires_in=expires_in
+            )
     if jar_paths:
         conf["spark.jars"] = ",".join(urls[path] for path in jar_paths)
     click.echo(shlex.join(word for name, value in conf.items() for word in ("--conf", f"{name}={value}")))

@@ -6,29 +6,41 @@ the same on every host: each host's agent downloads the blob once, verified, for
 application. Nothing here needs PySpark, so that ``blobsvc spark-conf`` serves spark-submit
 users whose blobsvc has no Spark extra; ``blobsvc.spark.environment`` sets the same values on
 a session builder.
+
+An environment is unpacked one of two ways (``unpack``):
+
+* ``"host"`` (the default): once per host, by the agent, into its cache; ``spark.files``
+  fetches a tiny launcher script (``<agent>/python/<key>/<file name>/<alias>-python``) into
+  each executor's working directory, and ``spark.pyspark.python=./<alias>-python`` runs the
+  host's tree's Python through it (see :mod:`blobsvc.agent._python`);
+* ``"spark"``: ``spark.archives``, which Spark unpacks in every executor of every application.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from .._exceptions import InvalidArgument, NotFound
 from ..client import BlobClient
 from ..config import Settings
-from ..http import blob_url
+from ..http import blob_url, python_path, signed_url
 from ..wire._tls import client_context_for
 from ._digests import file_digest
 
 __all__ = [
     "ARCHIVE_SUFFIXES",
     "DEFAULT_ALIAS",
+    "DEFAULT_UNPACK",
+    "UNPACK_MODES",
     "URL_LIFETIME",
     "agent_url",
     "archive_path",
     "blob_client",
     "check_alias",
+    "check_unpack",
     "environment_conf",
     "jar_path",
     "ship",
@@ -39,6 +51,8 @@ __all__ = [
 # (Utils.unpack); a file of any other name it leaves packed, and the interpreter is not there.
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 DEFAULT_ALIAS = "environment"
+UNPACK_MODES = ("host", "spark")
+DEFAULT_UNPACK = "host"
 # Executors that join later (dynamic allocation, a lost executor replaced) fetch spark.archives
 # and spark.jars then: their signed URLs must outlive any application.
 URL_LIFETIME = 7 * 24 * 3600.0
@@ -72,6 +86,12 @@ def check_alias(alias: str) -> str:
     if not _ALIAS.fullmatch(alias):
         raise InvalidArgument(f"alias {alias!r} must be a directory name of letters, digits, '.', '_' and '-'")
     return alias
+
+
+def check_unpack(unpack: str) -> str:
+    if unpack not in UNPACK_MODES:
+        raise InvalidArgument(f"unpack={unpack!r}: give one of {', '.join(map(repr, UNPACK_MODES))}")
+    return unpack
 
 
 def agent_url(settings: Settings, how: str) -> str:
@@ -109,18 +129,47 @@ def url(agent: str, key: str, path: Path, settings: Settings, expires_in: float 
     return blob_url(agent, key=key, name=path.name, secret=settings.secret(), expires_in=expires_in)
 
 
-def environment_conf(archive_url: str, alias: str, archives: str | None = None) -> dict[str, str]:
-    """``spark.archives`` (the entries of ``archives`` kept, but one of the same alias) with
-    ``archive_url`` unpacked as ``./<alias>``, and the Python workers' interpreter in it."""
-    kept = [entry for entry in (archives or "").split(",") if entry.strip() and _alias_of(entry) != alias]
-    return {
-        "spark.archives": ",".join([*kept, f"{archive_url}#{alias}"]),
-        "spark.pyspark.python": f"./{alias}/bin/python",
-    }
+def environment_conf(
+    agent: str,
+    key: str,
+    path: Path,
+    alias: str,
+    settings: Settings,
+    *,
+    unpack: str = DEFAULT_UNPACK,
+    archives: str | None = None,
+    files: str | None = None,
+    expires_in: float = URL_LIFETIME,
+) -> dict[str, str]:
+    """The conf that runs the Python workers in the environment ``path`` (content ``key``)
+    fetched through ``agent``, unpacked by the ``unpack`` way (see the module's docstring).
+    The entries of ``archives`` (``spark.archives``) or ``files`` (``spark.files``) already set
+    are kept, but one Spark would put where this one goes (the same alias or file name)."""
+    if unpack == "spark":
+        archive_url = url(agent, key, path, settings, expires_in)
+        kept = _kept(archives, lambda entry: _alias_of(entry) != alias)
+        return {
+            "spark.archives": ",".join([*kept, f"{archive_url}#{alias}"]),
+            "spark.pyspark.python": f"./{alias}/bin/python",
+        }
+    check_unpack(unpack)
+    launcher = f"{alias}-python"
+    launcher_url = signed_url(agent, python_path(key, path.name, launcher), settings.secret(), expires_in)
+    kept = _kept(files, lambda entry: _file_name_of(entry) != launcher)
+    return {"spark.files": ",".join([*kept, launcher_url]), "spark.pyspark.python": f"./{launcher}"}
+
+
+def _kept(entries: str | None, keep: Callable[[str], bool]) -> list[str]:
+    return [entry for entry in (entries or "").split(",") if entry.strip() and keep(entry)]
+
+
+def _file_name_of(entry: str) -> str:
+    """The file name Spark fetches an entry of ``spark.files`` as: its path's last segment."""
+    return entry.strip().split("#")[0].split("?")[0].rstrip("/").rsplit("/", 1)[-1]
 
 
 def _alias_of(entry: str) -> str:
     """The directory Spark unpacks an entry of ``spark.archives`` into: its #fragment, else
     its file name."""
     location, _, fragment = entry.strip().partition("#")
-    return fragment or location.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
+    return fragment or _file_name_of(location)

@@ -74,8 +74,12 @@ __all__ = [
     "HttpHost",
     "HttpRequest",
     "HttpResponse",
+    "PYTHON_ROUTE",
     "blob_path",
     "blob_url",
+    "parse_python_path",
+    "python_path",
+    "signed_url",
     "url_signature",
 ]
 
@@ -164,7 +168,38 @@ def blob_url(
     Surrounding whitespace is dropped, as the server drops it when it reads its secret file, so
     the contents of that file (trailing newline and all) sign as the server checks.
     """
-    path = blob_path(key=key, job=job, name=name)
+    return signed_url(base_url, blob_path(key=key, job=job, name=name), secret, expires_in)
+
+
+# The launcher of a Python environment an agent unpacked (blobsvc.agent._python). Both names end
+# up as file names (Spark names a fetched file after the URL's last segment): plain names only,
+# which need no percent-encoding, so the path signed is the path requested.
+PYTHON_ROUTE = "python"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,254}")
+
+
+def python_path(key: KeyLike, archive: str, launcher: str) -> str:
+    """The canonical path of the launcher of environment ``key`` (an archive named ``archive``;
+    the agent tells its kind by the name's suffix)."""
+    for what, name in (("archive", archive), ("launcher", launcher)):
+        if not _PLAIN_NAME.fullmatch(name):
+            raise InvalidArgument(f"the {what} name {name!r} is not a plain file name (letters, digits, '._+-')")
+    return f"/{PYTHON_ROUTE}/{key_bytes(key).hex()}/{archive}/{launcher}"
+
+
+def parse_python_path(path: str) -> tuple[bytes, str, str]:
+    """The key, archive name and launcher name of a launcher URL's path; ValueError if it is none."""
+    parts = path.split("/")
+    if len(parts) != 5 or parts[1] != PYTHON_ROUTE:
+        raise ValueError(f"expected /{PYTHON_ROUTE}/<key hex>/<archive file name>/<launcher name>")
+    key, archive, launcher = parts[2:]
+    python_path(key, archive, launcher)  # InvalidArgument (a ValueError) for a bad key or name
+    return key_bytes(key), archive, launcher
+
+
+def signed_url(base_url: str, path: str, secret: bytes | str | None, expires_in: float = DEFAULT_EXPIRES_IN) -> str:
+    """``base_url`` + the canonical ``path``, signed as :func:`blob_url` signs (for any route
+    that checks :meth:`HttpFace.authorise`)."""
     url = base_url.rstrip("/") + path
     if secret is None:
         return url
@@ -274,15 +309,22 @@ class HttpFace:
         except DigestMismatch as exc:  # a damaged HA copy, never served
             return text_response(500, str(exc))
 
+    def authorise(self, path: str, query: Mapping[str, str]) -> HttpResponse | None:
+        """The 403 for a request of the canonical ``path`` that its query does not authorise
+        (when there is a secret), or None to go on: the rule of every route but /metrics."""
+        if self.secret is None:
+            return None
+        problem = _signature_problem(self.secret, path, query)
+        return None if problem is None else text_response(403, problem)
+
     async def _blob(self, request: HttpRequest) -> HttpResponse:
         try:
             target, path = _parse_blob_path(request.path)
         except ValueError as exc:
             return text_response(400, f"not a blob URL: {exc}")
-        if self.secret is not None:
-            problem = _signature_problem(self.secret, path, request.query)
-            if problem:
-                return text_response(403, problem)
+        refused = self.authorise(path, request.query)
+        if refused is not None:
+            return refused
         blob = await self._open_blob(target)
         try:
             return _blob_response(request, blob)

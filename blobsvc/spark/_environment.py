@@ -27,6 +27,7 @@ def environment(
     alias: str = _spark_conf.DEFAULT_ALIAS,
     agent: str | None = None,
     server: str | None = None,
+    unpack: str = _spark_conf.DEFAULT_UNPACK,
 ) -> _Target:
     """Run the executors' Python workers in the packed environment ``archive``, which every
     host fetches through its blobsvc agent; returns ``builder``, to start the session from.
@@ -35,16 +36,27 @@ def environment(
     started: Spark ships ``spark.archives`` and picks the workers' Python only as a context
     starts. The archive is uploaded to the server as a content blob, its bytes sent only when
     the server lacks them (an unchanged file is not even read again: its digest is
-    remembered under the cache directory). Then ``builder`` gets
+    remembered under the cache directory). Then, with ``unpack="host"`` (the default), the
+    environment is unpacked once per host, by its agent, into the host cache, and ``builder``
+    gets
+
+    * ``spark.files`` += ``<agent>/python/<key>/<archive's file name>/<alias>-python``: a
+      launcher script, ``exec <the host's tree>/bin/python "$@"``, which Spark fetches into
+      each executor's working directory and makes executable; entries already there are
+      kept, except one fetched under the same file name, which this one replaces;
+    * ``spark.pyspark.python`` = ``./<alias>-python``, which spark-submit reads.
+
+    With ``unpack="spark"`` Spark unpacks the archive itself, in every executor (and the
+    driver) of every application, and ``builder`` gets
 
     * ``spark.archives`` += ``<agent>/blobs/<key>/<archive's file name>#<alias>``: a URL whose
       path ends in the file name, since Spark picks how to unpack by it (``.tar.gz``,
       ``.tgz``, ``.tar``, ``.zip``); entries already there are kept, except one unpacked
       under the same ``alias``, which this one replaces;
-    * ``spark.pyspark.python`` = ``./<alias>/bin/python``, which spark-submit reads;
+    * ``spark.pyspark.python`` = ``./<alias>/bin/python``.
 
-    and this process's ``PYSPARK_PYTHON`` environment variable is set to the same, because a
-    plain Python driver gives its executors the Python that variable names when its
+    Either way, this process's ``PYSPARK_PYTHON`` environment variable is set to the same,
+    because a plain Python driver gives its executors the Python that variable names when its
     SparkContext starts, not the conf's.
 
     The agent is ``agent``, else the conf's ``spark.blobsvc.agent``, else the ``agent_url``
@@ -61,16 +73,20 @@ def environment(
     relocatable, the choice when hosts differ. A **venv-pack** archive's ``bin/python`` is a
     symlink to the absolute path of the interpreter the venv was made from, which must exist
     at that path on every host. A **pex** file is no archive: ship it with
-    ``spark.files`` and ``spark.pyspark.python=./env.pex`` instead.
+    ``spark.files`` and ``spark.pyspark.python=./env.pex`` instead. A host tree lives as long
+    as its archive in the host cache: evicted (least recently used, under the cache's limit),
+    both go, even under a Python worker still running from the tree.
 
     Not for a ``local`` master, whose Python workers start in the driver's directory rather
-    than where archives are unpacked. A missing file, a name Spark does not unpack, an alias
-    that is no plain directory name, no agent, a ``local`` master, or a SparkContext already
-    running raises :class:`InvalidArgument`.
+    than where archives and files are fetched to. A missing file, a name Spark does not
+    unpack, an alias that is no plain directory name, an ``unpack`` other than ``"host"`` or
+    ``"spark"``, no agent, a ``local`` master, or a SparkContext already running raises
+    :class:`InvalidArgument`.
     """
     conf = _conf_of(builder)
     path = _spark_conf.archive_path(archive)
     alias = _spark_conf.check_alias(alias)
+    unpack = _spark_conf.check_unpack(unpack)
     if SparkContext._active_spark_context is not None:
         raise InvalidArgument("a SparkContext is running: stop it before giving a new one an environment")
     master = conf.get("spark.master") or ""
@@ -81,12 +97,21 @@ def environment(
     agent_url = _spark_conf.agent_url(settings, f"pass agent=, or set {CONF_KEYS['agent_url']} or BLOBSVC_AGENT_URL")
     with _spark_conf.blob_client(settings) as client:
         key, sent = _spark_conf.ship(client, path, settings.cache_dir / "digests")
-    url = _spark_conf.url(agent_url, key, path, settings)
-    values = _spark_conf.environment_conf(url, alias, conf.get("spark.archives"))
+    values = _spark_conf.environment_conf(
+        agent_url,
+        key,
+        path,
+        alias,
+        settings,
+        unpack=unpack,
+        archives=conf.get("spark.archives"),
+        files=conf.get("spark.files"),
+    )
     for name, value in values.items():
         conf.set(name, value)
     os.environ["PYSPARK_PYTHON"] = values["spark.pyspark.python"]
-    log.info("environment %s (%s, %s) through %s", path.name, key, "uploaded" if sent else "held already", agent_url)
+    held = "uploaded" if sent else "held already"
+    log.info("environment %s (%s, %s) through %s, unpacked by %s", path.name, key, held, agent_url, unpack)
     return builder
 
 
