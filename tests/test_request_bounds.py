@@ -1,6 +1,6 @@
 """Every number and list a request carries is bounded: a number of too many digits is a 416
 (HTTP) or BAD_REQUEST (binary), never a 500 or INTERNAL; a host's record on the server costs a
-bounded few hundred bytes whatever its heartbeat lists (docs/security.md, "Request bounds")."""
+bounded few KiB whatever its heartbeat lists (docs/security.md, "Request bounds")."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ The rules, all kept here:
   for an operator to look at, not every host that ever ran.
 * **Bounded.** An entry keeps what HOSTS lists of a host's last report: its texts, its
   counters and the *number* of jobs it holds, never the job ids, which the heartbeat's answer
-  is worked out from while it is answered. So an entry is a few hundred bytes whatever its
+  is worked out from while it is answered. So an entry is a few KiB at most whatever its
   heartbeat lists (:data:`MAX_BYTES_PER_HOST`, docs/security.md has the worst case).
   At most ``max_hosts`` entries (:data:`MAX_HOSTS`). A newcomer at the bound
   takes the place of the host heard from longest ago if that one is lost; when every entry is
