@@ -133,6 +133,7 @@ FORGED = 1000  # hosts whose memory is measured; the bound is checked for MAX_HO
 WARM_UP = 200
 
 
+@pytest.mark.slow  # some 15 s: each heartbeat costs the server a stat per job, 1,800 of them
 def test_forged_hosts_with_the_largest_heartbeats_cost_the_server_a_bounded_few_bytes_each(
     spawn_server: Callable[..., ServerProcess],
 ) -> None:
