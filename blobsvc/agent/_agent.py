@@ -102,7 +102,11 @@ class Agent:
             self._listener = bind_listener(settings.agent_host, parse_port_range(settings.agent_port))
             self._client = AsyncBlobClient.from_settings(settings)
             self.heartbeats = Heartbeats(self._client, self.source, self.address[1], self.counts)
-            await self.heartbeats.beat()  # the server's AUTH_REQUIRED refuses the start here
+            # The server's AUTH_REQUIRED refuses the start here. One that cannot be reached says
+            # nothing of its rule: the agent serves its cache rather than wait out the retries.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(settings.connect_timeout):
+                    await self.heartbeats.beat()
         except BaseException:
             await self.shutdown(0)
             raise

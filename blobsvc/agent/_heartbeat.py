@@ -3,9 +3,10 @@ jobs it holds; the server answers which of those jobs are gone, and the agent le
 
 Rules (docs/protocol.md, "HEARTBEAT", has the fields):
 
-* The first heartbeat goes out as the agent starts, before it listens, then one every
-  ``interval`` seconds, as the server's last answer asked (``DEFAULT_INTERVAL`` until one
-  came; an answer's interval is held between ``MIN_INTERVAL`` and ``MAX_INTERVAL``).
+* The first heartbeat goes out as the agent starts, before it listens (waited for at most
+  ``connect_timeout``), then one every ``interval`` seconds, as the server's last answer
+  asked (``DEFAULT_INTERVAL`` until one came; an answer's interval is held between
+  ``MIN_INTERVAL`` and ``MAX_INTERVAL``).
 * **Fail closed.** A heartbeat the server refuses for want of a secret (the agent has none,
   or not the server's) raises :class:`~blobsvc.AuthRequired` or :class:`~blobsvc.AuthFailed`
   instead of being logged: the agent then refuses to start, or stops serving. Without a
