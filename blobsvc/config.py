@@ -5,11 +5,13 @@ environment variable, a TOML file (``--config`` or ``BLOBSVC_CONFIG``), its defa
 defaults need nothing: ``blobsvc serve`` stores under a local data directory, standalone.
 Sizes accept a unit (``512MiB``, ``8G``); durations are seconds.
 
-Imports nothing of blobsvc but its exceptions: every other part reads its settings here.
+Imports nothing of blobsvc but its exceptions and its number parser: every other part reads
+its settings here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
 
 from ._exceptions import InvalidArgument
+from ._numbers import parse_decimal
 
 __all__ = [
     "DEFAULT_CACHE_MAX_BYTES",
@@ -63,21 +66,21 @@ def parse_size(text: str | int) -> int:
     """Bytes from ``1048576``, ``512KiB``, ``64M`` or ``8GB`` (binary units throughout)."""
     if isinstance(text, int):
         return text
-    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    match = re.fullmatch(r"\s*([0-9]+)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
     if not match:
         raise ValueError(f"not a size: {text!r} (try 1048576, 512KiB or 8GiB)")
-    return int(match[1]) * _UNITS[match[2]]
+    return parse_decimal(match[1], "a size") * _UNITS[match[2]]
 
 
 def parse_port_range(text: str | int) -> range:
     """The ports to try binding, first free one wins: ``0`` (any), ``6130``, ``50100-50200``."""
-    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", str(text))
-    if not match:
-        raise ValueError(f"not a port or port range: {text!r}")
-    first, last = int(match[1]), int(match[2] or match[1])
-    if not 0 <= first <= last <= 65535:
-        raise ValueError(f"not a port or port range: {text!r}")
-    return range(first, last + 1)
+    match = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", str(text))
+    if match:
+        with contextlib.suppress(ValueError):  # too many digits
+            first, last = parse_decimal(match[1], "a port"), parse_decimal(match[2] or match[1], "a port")
+            if 0 <= first <= last <= 65535:
+                return range(first, last + 1)
+    raise ValueError(f"not a port or port range: {text!r}")
 
 
 def parse_address(server: str) -> tuple[str, int]:
@@ -86,11 +89,13 @@ def parse_address(server: str) -> tuple[str, int]:
     host, sep, port = server.strip().rpartition(":")
     if not sep:
         host, port = server.strip(), str(DEFAULT_PORT)
-    bare_v6 = ":" in host and not host.startswith("[")
-    if bare_v6 or not port.isdigit() or not 0 < int(port) <= 65535:
-        example = f"127.0.0.1:{DEFAULT_PORT}"
-        raise InvalidArgument(f"not a server address: {server!r} (expected host:port, such as {example})")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    if ":" not in host or host.startswith("["):  # not a bare IPv6 address
+        with contextlib.suppress(ValueError):
+            number = parse_decimal(port, "a port")
+            if 0 < number <= 65535:
+                return host.strip("[]") or "127.0.0.1", number
+    example = f"127.0.0.1:{DEFAULT_PORT}"
+    raise InvalidArgument(f"not a server address: {server!r} (expected host:port, such as {example})")
 
 
 # --- zk:// URLs (the servers of a cluster, found through ZooKeeper: blobsvc.ha.discovery) ---
@@ -205,9 +210,11 @@ def _metrics_port(text: str | int | None) -> str | None:
         return None
     if text == "http":
         return text
-    if not text.isdigit() or int(text) > 65535:
-        raise ValueError(f"not a port or 'http': {text!r}")
-    return str(int(text))
+    with contextlib.suppress(ValueError):
+        port = parse_decimal(text, "a port")
+        if port <= 65535:
+            return str(port)
+    raise ValueError(f"not a port or 'http': {text!r}")
 
 
 def _choice(*choices: str) -> Callable[[str], str]:

@@ -21,8 +21,8 @@ from pathlib import Path
 import blake3
 import pytest
 
-from blobsvc import AsyncBlobClient, BlobCache, BlobClient, Settings, new_job_id
-from blobsvc.agent._heartbeat import Heartbeats
+from blobsvc import AsyncBlobClient, BlobCache, BlobClient, BlobServer, Settings, new_job_id
+from blobsvc.agent._heartbeat import MAX_INTERVAL, MIN_INTERVAL, Heartbeats
 from blobsvc.agent._python import launcher_script
 from blobsvc.agent._source import CacheSource
 from blobsvc.config import package_version
@@ -30,7 +30,7 @@ from blobsvc.http import blob_url, python_path, signed_url
 from blobsvc.wire._protocol import ContentKey, JobBlob
 
 from .agent_helpers import AgentProcess, run_agent, start_agent
-from .conftest import ServerThread
+from .conftest import ServerThread, with_secret
 from .test_cache_faults import FaultyProxy, running
 
 pytestmark = pytest.mark.timeout(120)
@@ -193,6 +193,56 @@ def test_a_secret_requires_signed_urls(settings: Settings, tmp_path: Path) -> No
             assert signed.get(signed_url("", path, SECRET))[0] == 200
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("secret", "words"),
+    [(None, "requires a shared secret, and this agent has none"), (b"not the server's", "refused this agent's secret")],
+    ids=["none", "another"],
+)
+def test_an_agent_without_the_secret_refuses_to_start_in_front_of_a_server_that_requires_it(
+    settings: Settings, tmp_path: Path, secret: bytes | None, words: str
+) -> None:
+    """Without it, it would serve unsigned what the host's secret-holding processes put in the cache."""
+    server = ServerThread(with_secret(settings, tmp_path, SECRET)).start()
+    address = server.address
+    command = [sys.executable, "-m", "blobsvc", "agent", "-s", address, "--cache-dir", str(tmp_path / "c"),
+               "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+    if secret is not None:
+        (tmp_path / "agent-secret").write_bytes(secret)
+        command += ["--secret-file", str(tmp_path / "agent-secret")]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    finally:
+        server.stop()
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("Error: ") and words in line and address in line
+
+
+def test_an_agent_without_a_secret_stops_once_its_server_comes_back_requiring_one(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A server that cannot be reached says nothing of its rule; its first answer that does ends the agent."""
+    beating = replace(settings, agent_heartbeat_interval=0.1)
+    first = ServerThread(beating).start()
+    port = first.server.address[1]
+    agent = start_agent(first.address, tmp_path / "cache")
+    try:
+        with BlobClient(first.address, timeout=10) as client:
+            key = client.put(b"cached unsigned")
+        assert agent.get(f"/blobs/{key}") == (200, b"cached unsigned")
+        first.stop()
+        second = ServerThread(replace(with_secret(beating, tmp_path, SECRET), port=str(port))).start()
+        try:
+            assert agent.process.wait(30) == 1
+        finally:
+            second.stop()
+        assert agent.process.stderr is not None
+        last = agent.process.stderr.read().splitlines()[-1]
+        assert last.startswith("Error: server ") and "this agent has none" in last
+    finally:
+        agent.kill()
 
 
 def test_killed_mid_download_it_serves_no_partial_file_and_restarted_serves_its_cache_alone(
@@ -397,6 +447,21 @@ def test_heartbeats_to_an_unreachable_server_release_nothing_and_warn_once(
     assert asyncio.run(beat_three_times_into_the_void()) == [job]
     warnings = [r for r in caplog.records if r.name == "blobsvc.agent" and r.levelname == "WARNING"]
     assert len(warnings) == 1 and "heartbeat to 127.0.0.1:" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize(("asked", "taken"), [(0.001, MIN_INTERVAL), (7200.0, MAX_INTERVAL)])
+async def test_the_interval_an_answer_asks_for_is_held_between_the_agents_bounds(
+    settings: Settings, tmp_path: Path, asked: float, taken: float
+) -> None:
+    served = replace(settings, agent_heartbeat_interval=asked, agent_lost_after=2 * asked)
+    async with BlobServer(served) as server, AsyncBlobClient(server.address) as client:
+        source = CacheSource(BlobCache(client.server, tmp_path / "cache"), client.server)
+        try:
+            heartbeats = Heartbeats(client, source, 6131, lambda: {})
+            await heartbeats.beat()
+            assert heartbeats.interval == taken
+        finally:
+            source.close()
 
 
 # --- /python/<key>/<archive>/<launcher>: environments unpacked once per host ----------------

@@ -576,6 +576,28 @@ async def test_a_put_the_disk_refuses_first_gets_the_blocks_the_journal_holds_ah
             await assert_no_staging(data_dir)
 
 
+async def test_a_segment_cleared_on_a_nearly_full_disk_gives_its_blocks_back_as_it_is_cleared(
+    settings: Settings, small_disk: Path
+) -> None:
+    """Rule 6 of the journal, at the clearing itself: small PUTs into a job fill a few MiB of the
+    8 MiB disk with records; deleting the job checkpoints and clears their segment, and with so
+    little free its blocks go back then, not when a later upload is refused (where
+    ``give_back`` would cover for it, so the full-disk tests above pass without this rule)."""
+    data_dir = small_disk / "data"
+    async with (
+        BlobServer(replace(settings, data_dir=data_dir)) as server,
+        AsyncBlobClient(server.address, timeout=STEP, retries=0) as client,
+    ):
+        names = 0
+        while allocated(data_dir / "journal") < 2 * MiB:
+            await client.put(os.urandom(60_000), job=JOB_ID, name=f"n{names}")  # journaled: under 64 KiB
+            names += 1
+        free = os.statvfs(small_disk)
+        assert free.f_bavail * free.f_frsize < 4 * MiB, "a nearly full disk"
+        await client.delete_job(JOB_ID)  # waits for the checkpoint of the job's records
+        assert allocated(data_dir / "journal") < 64 << 10, "the cleared segment kept its blocks"
+
+
 @pytest.mark.parametrize("size", [1000, 100_000], ids=["journaled", "flushed"])
 async def test_a_put_refused_for_want_of_inodes_leaves_no_job_directory(
     settings: Settings, few_inodes: Path, size: int

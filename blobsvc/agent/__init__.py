@@ -23,6 +23,10 @@ copy; and ``/metrics``. It also unpacks packed Python environments once per host
   process still holds the job; shared content stays under the cache's LRU rule.
 * **The server knows which hosts hold what.** Heartbeats report the agent's host, version,
   cache bytes and limit, counts and jobs; ``blobsvc status --hosts`` lists them.
+* **It fails closed.** Its first heartbeat goes out before it listens: when the server
+  requires a secret the agent lacks (or refuses the agent's), it does not start, and a later
+  heartbeat so refused stops it, since it would otherwise serve unsigned what the host's
+  secret holders cached.
 * **A request it cannot satisfy gets a clear status:** 404 for what the server does not have,
   502 naming the server when it cannot be reached or fails, 507 when the cache cannot hold the
   blob, 400 and 403 as on the server.

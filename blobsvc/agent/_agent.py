@@ -43,9 +43,16 @@ class Agent:
     face on ``agent_host:agent_port``.
 
     ``async with Agent(settings) as agent:`` opens the cache (its start-up check runs in a
-    worker thread), binds, and serves until the block ends; ``agent.address`` is the bound
-    ``(host, port)``. Connections share the server's rules: ``max_connections``,
-    ``idle_timeout``, ``io_timeout``, the header deadline, the minimum body rate.
+    worker thread), binds, sends its first heartbeat, and serves until the block ends;
+    ``agent.address`` is the bound ``(host, port)``. Connections share the server's rules:
+    ``max_connections``, ``idle_timeout``, ``io_timeout``, the header deadline, the minimum
+    body rate.
+
+    It fails closed: when the server requires a secret that the agent lacks (or refuses the
+    agent's), :meth:`start` raises :class:`~blobsvc.AuthRequired` (:class:`~blobsvc.AuthFailed`)
+    before the agent accepts a connection, and a later heartbeat so refused stops it:
+    :meth:`serve_forever` raises the same. A server that cannot be reached says nothing of its
+    rule, so the agent serves its cache meanwhile (docs/agent.md).
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -93,12 +100,17 @@ class Agent:
         self.source = CacheSource(cache, settings.server)
         try:
             self._listener = bind_listener(settings.agent_host, parse_port_range(settings.agent_port))
+            self._client = AsyncBlobClient.from_settings(settings)
+            self.heartbeats = Heartbeats(self._client, self.source, self.address[1], self.counts)
+            # The server's AUTH_REQUIRED refuses the start here. One that cannot be reached says
+            # nothing of its rule: the agent serves its cache rather than wait out the retries.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(settings.connect_timeout):
+                    await self.heartbeats.beat()
         except BaseException:
-            await asyncio.to_thread(self.source.close)
+            await self.shutdown(0)
             raise
         self._accepting = asyncio.create_task(self.slots.accept(self._listener, self._connection))
-        self._client = AsyncBlobClient.from_settings(settings)
-        self.heartbeats = Heartbeats(self._client, self.source, self.address[1], self.counts)
         self._beating = asyncio.create_task(self.heartbeats.run())
 
     def _connection(self, sock: socket.socket) -> HttpConnection:
@@ -122,19 +134,26 @@ class Agent:
         return launcher_response(await self.source.environment(key, archive))
 
     async def serve_forever(self) -> None:
-        assert self._accepting is not None, "start() first"
+        """Serve until :meth:`shutdown`, or until a heartbeat finds the server requires a secret
+        the agent lacks: raises that refusal (the caller shuts the agent down)."""
+        assert self._accepting is not None and self._beating is not None, "start() first"
         with contextlib.suppress(asyncio.CancelledError):
-            await self._accepting
+            await asyncio.wait((self._accepting, self._beating), return_when=asyncio.FIRST_COMPLETED)
+        if self._beating.done() and not self._beating.cancelled():
+            # Nothing more is served unsigned, while the caller shuts down.
+            self._accepting.cancel()
+            self.slots.closing = True
+            self.slots.abort()
+            self._beating.result()
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting, let transfers under way finish within ``timeout`` (``shutdown_timeout``
         by default), cancel the rest, then release the jobs held and close the cache."""
         self.slots.closing = True
-        for task in (self._beating, self._accepting):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        tasks = [task for task in (self._beating, self._accepting) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # a refusal is serve_forever's to raise
         if self._client is not None:
             await self._client.aclose()
         if self._listener is not None:

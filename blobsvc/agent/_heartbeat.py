@@ -3,8 +3,14 @@ jobs it holds; the server answers which of those jobs are gone, and the agent le
 
 Rules (docs/protocol.md, "HEARTBEAT", has the fields):
 
-* The first heartbeat goes out as the agent starts, then one every ``interval`` seconds, as
-  the server's last answer asked (``DEFAULT_INTERVAL`` until one came).
+* The first heartbeat goes out as the agent starts, before it listens (waited for at most
+  ``connect_timeout``), then one every ``interval`` seconds, as the server's last answer
+  asked (``DEFAULT_INTERVAL`` until one came; an answer's interval is held between
+  ``MIN_INTERVAL`` and ``MAX_INTERVAL``).
+* **Fail closed.** A heartbeat the server refuses for want of a secret (the agent has none,
+  or not the server's) raises :class:`~blobsvc.AuthRequired` or :class:`~blobsvc.AuthFailed`
+  instead of being logged: the agent then refuses to start, or stops serving. Without a
+  secret it would serve, unsigned, whatever the host's secret-holding processes cached.
 * A job is released only on the server's word (``gone_jobs``); a heartbeat that fails releases
   nothing, since a server that cannot be reached says nothing of its jobs. The files of a
   released job go one ``cleanup_interval`` later, unless another process holds the job or a
@@ -19,20 +25,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._exceptions import BlobError
+from .._exceptions import AuthFailed, AuthRequired, BlobError
 from ..client import AsyncBlobClient
 from ..config import package_version
 from ._source import CacheSource
 
-__all__ = ["DEFAULT_INTERVAL", "MAX_REPORTED_JOBS", "Heartbeats"]
+__all__ = ["DEFAULT_INTERVAL", "MAX_INTERVAL", "MAX_REPORTED_JOBS", "MIN_INTERVAL", "Heartbeats"]
 
 log = logging.getLogger("blobsvc.agent")
 
 DEFAULT_INTERVAL = 10.0  # the server's default agent_heartbeat_interval
+# The intervals an answer may ask for: no server is asked every millisecond, and an hour
+# between heartbeats (or infinity) would keep a gone job's files, or a refusal, unnoticed.
+MIN_INTERVAL, MAX_INTERVAL = 0.01, 3600.0
 # 35 bytes a job id in JSON: 1,000 of them and the counters take about 36 KiB of 64.
 MAX_REPORTED_JOBS = 1000
 
@@ -58,15 +68,24 @@ class Heartbeats:
         self._failing = False
 
     async def run(self) -> None:
-        """Beat until cancelled."""
+        """Beat every interval until cancelled, or until the server refuses the agent's secret
+        (raised); the first :meth:`beat` is the caller's."""
         while True:
-            await self.beat()
             await asyncio.sleep(self.interval)
+            await self.beat()
 
     async def beat(self) -> None:
-        """One heartbeat and what its answer says; a failure is logged, not raised."""
+        """One heartbeat and what its answer says; a failure is logged, not raised, but for
+        the server's refusal of the agent's secret (or of its lack of one)."""
         try:
             reply = await self.client.heartbeat(await self.report())
+        except AuthRequired as exc:
+            raise AuthRequired(
+                f"{exc}, and this agent has none: give it the server's (--secret-file), so that it serves "
+                "signed URLs only, not whatever the host's secret holders cached"
+            ) from None
+        except AuthFailed as exc:
+            raise AuthFailed(f"the server {self.client.server} refused this agent's secret ({exc})") from None
         except BlobError as exc:
             if not self._failing:
                 log.warning(
@@ -77,8 +96,13 @@ class Heartbeats:
         if self._failing:
             log.info("heartbeats to %s go through again", self.client.server)
         self._failing = False
-        self.interval = float(reply.get("interval", self.interval))
-        for job in reply.get("gone_jobs", []):
+        interval = reply.get("interval")
+        if isinstance(interval, int | float) and not math.isnan(interval):
+            self.interval = min(max(float(interval), MIN_INTERVAL), MAX_INTERVAL)
+        gone = reply.get("gone_jobs")
+        for job in gone if isinstance(gone, list) else []:
+            if not isinstance(job, str):
+                continue  # release() ignores any job this agent does not hold
             log.info("job %s is gone from the server: its files go after the cleanup interval", job)
             await asyncio.to_thread(self.source.release, job.lower())
 

@@ -289,10 +289,12 @@ async def _serve_agent(settings: Settings) -> None:
     sys.stdout.flush()
     logging.getLogger("blobsvc.agent").info("agent for %s, cache %s", settings.server, settings.cache_dir)
     serving = asyncio.create_task(host_agent.serve_forever())
-    await stop.wait()
+    await asyncio.wait((serving, asyncio.create_task(stop.wait())), return_when=asyncio.FIRST_COMPLETED)
     log.info("shutting down")
     await host_agent.shutdown()
     serving.cancel()
+    if serving.done() and not serving.cancelled():
+        serving.result()  # the server refused the agent for want of its secret: one line, exit 1
 
 
 def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:

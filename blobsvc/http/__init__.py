@@ -58,6 +58,7 @@ from .._exceptions import (
     TransportError,
     WriteTimeout,
 )
+from .._numbers import TooManyDigits, parse_decimal
 from ..config import Settings
 from ..storage import OpenBlob
 from ..wire._ids import JobLike, KeyLike, job_bytes, key_bytes
@@ -112,7 +113,6 @@ SIGNATURE_CONTEXT = "blobsvc-url-v1"
 DEFAULT_EXPIRES_IN = 3600.0
 
 _READ_METHODS = ("GET", "HEAD")
-_EXPIRES = re.compile(r"[0-9]{1,12}")
 _SIGNATURE = re.compile(r"[0-9a-fA-F]{64}")
 
 
@@ -358,12 +358,16 @@ def _signature_problem(secret: bytes, path: str, query: Mapping[str, str]) -> st
     expires, signature = query.get("expires"), query.get("signature")
     if expires is None or signature is None:
         return "this server requires a signed URL (?expires=…&signature=…); mint one with `blobsvc url`"
-    if not _EXPIRES.fullmatch(expires) or not _SIGNATURE.fullmatch(signature):
+    try:
+        expiry = parse_decimal(expires, "expires")
+    except ValueError:
+        expiry = None
+    if expiry is None or not _SIGNATURE.fullmatch(signature):
         return "malformed signed URL: expires is unix seconds, signature 64 hex digits"
-    if not hmac.compare_digest(url_signature(secret, path, int(expires)), signature.lower()):
+    if not hmac.compare_digest(url_signature(secret, path, expiry), signature.lower()):
         return "bad signature: the URL was altered or signed with another secret"
-    if int(expires) < time.time():
-        return f"the signed URL expired at {int(expires)} (unix time); mint a new one"
+    if expiry < time.time():
+        return f"the signed URL expired at {expiry} (unix time); mint a new one"
     return None
 
 
@@ -378,14 +382,17 @@ def _blob_response(request: HttpRequest, blob: OpenBlob) -> HttpResponse:
     if_range = request.headers.get("if-range")
     if wanted is None or (if_range is not None and if_range.strip() != etag):
         return HttpResponse(200, headers, file=blob, count=blob.size)
-    span = parse_range(wanted, blob.size)
+    try:
+        span = parse_range(wanted, blob.size)
+    except TooManyDigits as exc:  # past the end of any blob, whichever end it is
+        span, problem = range(0), f"Range: {exc}"
+    else:
+        problem = f"range {wanted!r} is outside the {blob.size}-byte blob"
     if span is None:
         return HttpResponse(200, headers, file=blob, count=blob.size)
     if not span:
         blob.close()
-        return text_response(
-            416, f"range {wanted!r} is outside the {blob.size}-byte blob", [("Content-Range", f"bytes */{blob.size}")]
-        )
+        return text_response(416, problem, [("Content-Range", f"bytes */{blob.size}")])
     headers.append(("Content-Range", f"bytes {span.start}-{span.stop - 1}/{blob.size}"))
     return HttpResponse(206, headers, file=blob, offset=span.start, count=len(span))
 
@@ -398,24 +405,24 @@ def _etag_matches(header: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-_RANGE = re.compile(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*")
+_RANGE = re.compile(r"\s*bytes\s*=\s*([0-9]*)\s*-\s*([0-9]*)\s*")
 
 
 def parse_range(header: str, size: int) -> range | None:
     """The byte offsets a ``Range`` header asks of a ``size``-byte blob; an empty range when
     unsatisfiable (416); None to ignore the header and send everything (another unit, a
-    malformed header, or several ranges, which RFC 9110 lets a server answer whole)."""
+    malformed header, or several ranges, which RFC 9110 lets a server answer whole).
+    :class:`~blobsvc._numbers.TooManyDigits` for a number longer than any blob's size."""
     match = _RANGE.fullmatch(header)
     if match is None or match[1] == match[2] == "":
         return None
-    if match[1] == "":  # "-n": the last n bytes
-        suffix = int(match[2])
-        return range(max(size - suffix, 0), size if suffix else 0)
-    first = int(match[1])
-    if match[2] and int(match[2]) < first:
+    first, last = (parse_decimal(text, "a Range position") if text else None for text in match.groups())
+    if first is None:  # "-n": the last n bytes
+        assert last is not None
+        return range(max(size - last, 0), size if last else 0)
+    if last is not None and last < first:
         return None
-    last = int(match[2]) if match[2] else size - 1
-    return range(first, min(last + 1, size))
+    return range(first, size if last is None else min(last + 1, size))
 
 
 # --- the connection ---------------------------------------------------------------------

@@ -15,7 +15,11 @@ The rules, all kept here:
 * **Forgotten.** A host not heard from for :func:`forget_after` seconds (a day, or 100 times
   ``lost_after`` when that is longer) is dropped: the listing keeps a day of departed hosts
   for an operator to look at, not every host that ever ran.
-* **Bounded.** At most ``max_hosts`` entries (:data:`MAX_HOSTS`). A newcomer at the bound
+* **Bounded.** An entry keeps what HOSTS lists of a host's last report: its texts, its
+  counters and the *number* of jobs it holds, never the job ids, which the heartbeat's answer
+  is worked out from while it is answered. So an entry is a few KiB at most whatever its
+  heartbeat lists (:data:`MAX_BYTES_PER_HOST`, docs/security.md has the worst case).
+  At most ``max_hosts`` entries (:data:`MAX_HOSTS`). A newcomer at the bound
   takes the place of the host heard from longest ago if that one is lost; when every entry is
   live, the newcomer's heartbeat is still answered (it learns its gone jobs like any other)
   but it is not listed, and a warning is logged. So made-up agent addresses cannot grow the
@@ -48,7 +52,16 @@ from ..config import parse_address
 from ..wire._ids import shown
 from ..wire._protocol import MAX_HEARTBEAT_BYTES
 
-__all__ = ["FORGET_AFTER", "MAX_HOSTS", "HostRecord", "HostRegistry", "HostReport", "forget_after", "heartbeat_reply"]
+__all__ = [
+    "FORGET_AFTER",
+    "MAX_BYTES_PER_HOST",
+    "MAX_HOSTS",
+    "HostRecord",
+    "HostRegistry",
+    "HostReport",
+    "forget_after",
+    "heartbeat_reply",
+]
 
 log = logging.getLogger("blobsvc.server.hosts")
 
@@ -73,6 +86,12 @@ COUNTERS = (
 TEXTS = {"host": 255, "version": 64}
 MAX_AGENT_CHARS = 255 + 1 + 5  # host:port
 _TEXT = re.compile(r"[\x20-\x7e]*")
+# What an entry may cost at most, with the longest texts and largest counters: its objects
+# take 1,700 bytes in CPython 3.11 (tracemalloc), and a server process's resident memory grew
+# by 3,800 to 4,900 bytes an entry (the allocator's pools are shared with the objects of the
+# heartbeats passing through). tests/test_request_bounds.py measures it in a server process;
+# the bound leaves room for the allocator, and MAX_HOSTS entries stay under 160 MiB.
+MAX_BYTES_PER_HOST = 16 << 10
 # A full registry warns of the first unlisted heartbeat, then of one in this many.
 UNLISTED_WARNING_EVERY = 10_000
 _JOB_ID = re.compile(r"[0-9a-fA-F]{32}")
@@ -152,9 +171,13 @@ def _printable(text: str, longest: int) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class HostRecord:
-    """A host as the registry holds it: its last report and when it came."""
+    """A host as the registry holds it: what HOSTS lists of its last report (not its job ids:
+    their number) and when it came."""
 
-    report: HostReport
+    agent: str
+    fields: Mapping[str, int | str | None]
+    jobs: int
+    """How many jobs the report named."""
     seen: float
     """``time.time()`` of the last heartbeat."""
     seen_clock: float
@@ -192,7 +215,7 @@ class HostRegistry:
     def record(self, report: HostReport) -> None:
         """Note a heartbeat: the host is live as of now."""
         now = self._clock()
-        entry = HostRecord(report, self._wall_clock(), now)
+        entry = HostRecord(report.agent, report.fields, len(report.jobs), self._wall_clock(), now)
         with self._lock:
             self.heartbeats += 1
             self._forget(now)
@@ -210,7 +233,7 @@ class HostRegistry:
                             self.unlisted,
                         )
                     return
-                del hosts[oldest.report.agent]
+                del hosts[oldest.agent]
             hosts[report.agent] = entry
             hosts.move_to_end(report.agent)
 
@@ -230,13 +253,12 @@ class HostRegistry:
             records = list(self._hosts.values())
         listed = []
         for record in records:
-            report = record.report
             state = "live" if now - record.seen_clock <= self.lost_after else "lost"
             listed.append(
                 {
-                    "agent": report.agent,
-                    **report.fields,
-                    "jobs": len(report.jobs),
+                    "agent": record.agent,
+                    **record.fields,
+                    "jobs": record.jobs,
                     "last_seen": round(record.seen, 3),
                     "state": state,
                 }
@@ -251,4 +273,4 @@ class HostRegistry:
             oldest = next(iter(hosts.values()))
             if now - oldest.seen_clock <= self.forget_after:
                 return
-            del hosts[oldest.report.agent]
+            del hosts[oldest.agent]

@@ -8,6 +8,7 @@
 * ``_connect``: connecting to a server: TCP, then the TLS handshake when asked;
 * ``_threads``: waiting out work handed to a worker thread.
 
-May import :mod:`blobsvc.config` and :mod:`blobsvc._exceptions`, nothing else of blobsvc.
+May import :mod:`blobsvc.config`, :mod:`blobsvc._numbers` and :mod:`blobsvc._exceptions`,
+nothing else of blobsvc.
 Inside, ``_connect`` → ``_tls`` → ``_netio`` (pyproject.toml's import-linter contracts).
 """

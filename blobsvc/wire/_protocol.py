@@ -41,6 +41,7 @@ from .._exceptions import (
     RemoteProtocolError,
     UnsupportedVersion,
 )
+from .._numbers import TooManyDigits, json_int
 
 __all__ = [
     "CLOSED",
@@ -618,7 +619,9 @@ def _read_document(cursor: _Cursor, kind: tuple[str, int]) -> dict[str, Any]:
         raise RemoteProtocolError(f"a {what} document of {length} bytes is over the limit of {limit}")
     raw = cursor.take(length)
     try:
-        document = json.loads(raw.decode("utf-8"))
+        document = json.loads(raw.decode("utf-8"), parse_int=json_int)
+    except TooManyDigits as exc:
+        raise RemoteProtocolError(f"the {what} document: {exc}") from None
     except (ValueError, RecursionError):  # also UnicodeDecodeError; RecursionError: "[[[[…"
         raise RemoteProtocolError(f"the {what} document is not UTF-8 JSON") from None
     if not isinstance(document, dict):
