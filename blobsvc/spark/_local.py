@@ -153,7 +153,7 @@ def resolve(options: CacheOptions, job: str, artifact: Artifact) -> Path:
         trees = cache.root / "unpacked"
         if not (trees / artifact.key).is_dir():
             prune(trees, cache.store.content_dir)
-        return unpack(trees, artifact.key, path, archive_kind(artifact.filename))
+        return unpack(trees, artifact.key, path, archive_kind(artifact.filename), max_bytes=cache.max_bytes)
     return path
 
 
