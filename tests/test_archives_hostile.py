@@ -4,6 +4,7 @@ as root (who could chown) and as an unprivileged user, and under the oldest Pyth
 
 from __future__ import annotations
 
+import io
 import os
 import posixpath
 import pwd
@@ -11,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from blobsvc.cache import _extract
 from blobsvc.cache._archives import ArchiveTooLarge, UnsafeArchive, unpack
+from blobsvc.cache._extract import MAX_HEADER_BYTES
 
 from .hostile_archives import (
     BOMB_LIMIT,
@@ -45,8 +49,7 @@ def test_a_hostile_archive_is_refused_and_nothing_outside_changes(tmp_path: Path
     root = tmp_path / "unpacked"
     with pytest.raises(UnsafeArchive, match=words):
         unpack(root, "k", archive, kind, environment=environment, max_bytes=BOMB_LIMIT, max_members=MEMBER_LIMIT)
-    after = snapshot(tmp_path, skip=str(root))
-    assert after == {path: seen for path, seen in before.items()}, "nothing outside the tree changed"
+    assert snapshot(tmp_path, skip=str(root)) == before, "nothing outside the tree changed"
     assert [p.name for p in root.iterdir()] == [".k.env.lock" if environment else ".k.lock"], "nothing left behind"
 
 
@@ -56,6 +59,11 @@ def test_a_bomb_stops_at_the_limit_not_after(tmp_path: Path) -> None:
     archive = build_zip(tmp_path / "bomb.zip", [("file", f"f{i}", b"\0" * (300 << 10)) for i in range(8)])
     with pytest.raises(ArchiveTooLarge, match=f"more than {BOMB_LIMIT} bytes"):
         unpack(tmp_path / "u", "k", archive, "zip", max_bytes=BOMB_LIMIT)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(ArchiveTooLarge):
+        _extract.extract(archive, "zip", dest, max_bytes=BOMB_LIMIT)
+    assert sorted(p.name for p in dest.iterdir()) == ["f0", "f1", "f2"], "f3 refused before its first byte"
     exact = build_tar(tmp_path / "exact.tar", [("file", "f", b"\1" * BOMB_LIMIT)])
     tree = unpack(tmp_path / "u", "fits", exact, "tar", max_bytes=BOMB_LIMIT)
     assert (tree / "f").stat().st_size == BOMB_LIMIT, "an archive of exactly the limit fits"
@@ -86,6 +94,53 @@ def test_a_relative_link_may_not_climb_after_a_name(tmp_path: Path) -> None:
         unpack(tmp_path / "u", "k", archive, "tar")
     fine = build_tar(tmp_path / "b.tar", [("file", "lib/x", b"x"), ("symlink", "bin/x", "../lib/x")])
     assert (unpack(tmp_path / "u", "b", fine, "tar") / "bin" / "x").read_bytes() == b"x"
+
+
+def test_a_directory_swapped_for_a_link_midway_is_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing rests on what the unpacker believes the tree holds: were a directory it made
+    replaced by a link to outside (by a bug, or by another process), the next member's
+    descriptor walk refuses to follow it."""
+    outside = sentinel(tmp_path)
+    made = os.mkdir
+
+    def mkdir_then_swap(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        made(path, mode, dir_fd=dir_fd)
+        if path == "lib":
+            os.rmdir(path, dir_fd=dir_fd)
+            os.symlink(outside / "dir", path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(_extract.os, "mkdir", mkdir_then_swap)
+    archive = build_tar(tmp_path / "a.tar", [("dir", "lib", b""), ("file", "lib/file", b"through the link")])
+    before = snapshot(tmp_path)
+    with pytest.raises(UnsafeArchive, match="'lib' is not a directory of the tree"):
+        unpack(tmp_path / "u", "k", archive, "tar")
+    assert snapshot(tmp_path, skip=str(tmp_path / "u")) == before
+
+
+def test_links_are_made_after_every_file_and_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """So that no member is ever written through one, whatever the archive's order."""
+    made_with: list[set[str]] = []
+    symlink = os.symlink
+
+    def symlink_and_look(target: str, path: str, *, dir_fd: int | None = None) -> None:
+        made_with.append({p.name for p in (tmp_path / "u").glob(".unpacking-*/*")})
+        symlink(target, path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(_extract.os, "symlink", symlink_and_look)
+    members: list[Member] = [("symlink", "l", "f"), ("file", "f", b"x"), ("dir", "d", b""), ("symlink", "m", "d")]
+    tree = unpack(tmp_path / "u", "k", build_tar(tmp_path / "a.tar", members), "tar")
+    assert made_with == [{"f", "d"}, {"f", "d", "l"}] and (tree / "l").read_bytes() == b"x"
+
+
+def test_a_tar_header_is_read_only_up_to_its_bound(tmp_path: Path) -> None:
+    """A pax record is read whole by tarfile: one claiming gigabytes would fill memory."""
+    path = tmp_path / "pax.tar.gz"
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as out:
+        info = tarfile.TarInfo("f")
+        info.pax_headers = {"comment": "x" * (MAX_HEADER_BYTES + 1)}
+        out.addfile(info, io.BytesIO(b""))
+    with pytest.raises(UnsafeArchive, match="a tar header claims"):
+        unpack(tmp_path / "u", "k", path, "tar")
 
 
 # --- generated archives --------------------------------------------------------------------------
