@@ -109,7 +109,7 @@ def test_a_directory_swapped_for_a_link_midway_is_not_followed(tmp_path: Path, m
             os.rmdir(path, dir_fd=dir_fd)
             os.symlink(outside / "dir", path, dir_fd=dir_fd)
 
-    monkeypatch.setattr(_extract.os, "mkdir", mkdir_then_swap)
+    monkeypatch.setattr(os, "mkdir", mkdir_then_swap)
     archive = build_tar(tmp_path / "a.tar", [("dir", "lib", b""), ("file", "lib/file", b"through the link")])
     before = snapshot(tmp_path)
     with pytest.raises(UnsafeArchive, match="'lib' is not a directory of the tree"):
@@ -126,7 +126,7 @@ def test_links_are_made_after_every_file_and_directory(tmp_path: Path, monkeypat
         made_with.append({p.name for p in (tmp_path / "u").glob(".unpacking-*/*")})
         symlink(target, path, dir_fd=dir_fd)
 
-    monkeypatch.setattr(_extract.os, "symlink", symlink_and_look)
+    monkeypatch.setattr(os, "symlink", symlink_and_look)
     members: list[Member] = [("symlink", "l", "f"), ("file", "f", b"x"), ("dir", "d", b""), ("symlink", "m", "d")]
     tree = unpack(tmp_path / "u", "k", build_tar(tmp_path / "a.tar", members), "tar")
     assert made_with == [{"f", "d"}, {"f", "d", "l"}] and (tree / "l").read_bytes() == b"x"
