@@ -94,10 +94,10 @@ def remove_unpacked(tree: Path) -> None:
 
 
 @contextlib.contextmanager
-def _lock(root: Path, name: str) -> Iterator[None]:
+def _lock(root: Path, name: str) -> Iterator[FileLock]:
     lock = FileLock(root / f".{name}.lock")
     with lock:
-        yield
+        yield lock
 
 
 def prune(root: Path, content_dir: Path) -> list[str]:
@@ -127,8 +127,9 @@ def discard(root: Path, key: str, *, environment: bool = False) -> None:
     """Remove the tree of ``key`` that :func:`unpack` made, once no process is unpacking it:
     for a tree that is of no use (an environment without its interpreter)."""
     name = key + ENVIRONMENT_SUFFIX if environment else key
-    with _lock(root, name):
+    with _lock(root, name) as lock:
         _remove_tree(root, name)
+        lock.unlink()
 
 
 def _remove_tree(root: Path, name: str) -> None:
@@ -183,7 +184,7 @@ def unpack_once(
     if _unpacked_in_this_boot(root, name, boot):
         return final, False
     root.mkdir(parents=True, exist_ok=True)
-    with _lock(root, name):
+    with _lock(root, name) as lock:
         if _unpacked_in_this_boot(root, name, boot):
             return final, False
         _remove_tree(root, name)  # no process of an earlier boot is alive to use a tree of that boot
@@ -196,6 +197,7 @@ def unpack_once(
             os.rename(temp, final)
         except BaseException:
             remove_unpacked(temp)
+            lock.unlink()  # nothing of a refused archive is left, its lock included
             raise
         # Written in place: a record cut short matches no boot, which only means "unpack again".
         _boot_record(root, name).write_text(boot)
