@@ -162,13 +162,13 @@ def test_a_tree_unpacked_in_an_earlier_boot_is_unpacked_again(tmp_path: Path) ->
     inode = os.stat(tree / "lib" / "x.py").st_ino
     assert unpack(root, "k", archive, "tar") == tree
     assert os.stat(tree / "lib" / "x.py").st_ino == inode  # this boot's tree is used as it is
-    (root / ".k.boot").write_text("an earlier boot")
+    (root / ".k.boot").write_text("an earlier boot\n6")
     os.chmod(tree / "lib", 0o755)
     os.chmod(tree / "lib" / "x.py", 0o644)
     (tree / "lib" / "x.py").write_bytes(b"")  # what a crash of the host may leave
     assert unpack(root, "k", archive, "tar") == tree
     assert (tree / "lib" / "x.py").read_bytes() == b"x = 1\n"
-    assert (root / ".k.boot").read_text() == boot_id()
+    assert (root / ".k.boot").read_text() == f"{boot_id()}\n6", "the boot, and the bytes of the tree"
 
 
 # --- environment mode: a packed Python environment's absolute bin/python ------------------

@@ -138,13 +138,15 @@ class CacheSource:
 
     def _unpack(self, key: str, kind: str) -> Path:
         """The environment's tree (a worker thread); failures as the HTTP face answers them."""
-        trees = self.cache.root / "unpacked"
+        trees = self.cache.store.unpacked_dir
         for attempt in (1, 2):
             archive = self._fetch(ContentKey(bytes.fromhex(key)))
             try:
                 if not (trees / (key + ENVIRONMENT_SUFFIX)).is_dir():  # a new tree: drop stale ones
                     prune(trees, self.cache.store.content_dir)
-                tree, fresh = unpack_once(trees, key, archive, kind, environment=True, max_bytes=self.cache.max_bytes)
+                tree, fresh = unpack_once(
+                    trees, key, archive, kind, environment=True, max_bytes=self.cache.max_bytes, store=self.cache.store
+                )
             except FileNotFoundError:  # the archive evicted between the fetch and the unpack
                 if attempt == 2:
                     raise
@@ -166,7 +168,7 @@ class CacheSource:
 
     def discard_environment(self, key: bytes) -> None:
         """Remove the environment ``key``'s tree, found of no use (no Python to launch)."""
-        discard(self.cache.root / "unpacked", key.hex(), environment=True)
+        discard(self.cache.store.unpacked_dir, key.hex(), environment=True)
 
     def _hold(self, job: str) -> None:
         with self._jobs_lock:

@@ -7,12 +7,15 @@ in any later application, finds the directory and uses it as it is. So no task e
 half-unpacked directory, and a process killed midway leaves only a temporary directory that
 the next unpack removes.
 
-An unpacked tree holds at most ``max_bytes`` bytes of file contents (the cache's byte limit,
-as the callers pass it: a tree no larger than the cache that holds its archive) and
-``max_members`` members; an archive that would pass either is refused with
-:class:`ArchiveTooLarge` as it is unpacked, at the bound. Trees are not counted in the
-cache's total; each lives as long as its archive is in the cache, and :func:`prune` (run as
-each new tree is unpacked) removes the others.
+An unpacked tree holds at most ``max_members`` members and ``max_bytes`` bytes of file
+contents; given the cache's ``store`` (as :mod:`blobsvc.spark` and the agent give it, with the
+cache's byte limit), the tree counts in the cache's total: it may take all the limit but what
+blobs in use, downloads in flight and their trees hold, and once unpacked, the blobs least
+recently used are evicted (their trees with them) until the cache fits again. An archive
+that would pass a bound is refused with :class:`ArchiveTooLarge` as it is unpacked, at the
+bound. A tree lives as long as its archive is in the cache; :func:`prune` (run as each new
+tree is unpacked) removes those whose archive has left. The layout of the trees' directory
+is :mod:`._trees`'.
 
 Like the cache's downloads, trees are not fsynced: ``<root>/.<key>.boot`` records the boot of
 the host they were unpacked in, and a tree of an earlier boot (whose files a crash of the host
@@ -38,18 +41,16 @@ both ways never hands its absolute links to a caller who did not ask for them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 from .._exceptions import InvalidArgument
 from ..config import DEFAULT_CACHE_MAX_BYTES
+from . import _trees
 from ._extract import MAX_MEMBERS, ArchiveTooLarge, UnsafeArchive, extract
-from ._lock import FileLock
-from ._store import boot_id
+from ._store import CacheStore, boot_id
+from ._trees import ENVIRONMENT_SUFFIX, remove_unpacked
 
 __all__ = [
     "ARCHIVE_SUFFIXES",
@@ -66,9 +67,6 @@ __all__ = [
 ]
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
-# An environment's tree is <key>.env, apart from the same archive unpacked by the default rules.
-ENVIRONMENT_SUFFIX = ".env"
-_TEMP_PREFIX = ".unpacking-"
 
 
 def archive_kind(filename: str) -> str:
@@ -81,25 +79,6 @@ def archive_kind(filename: str) -> str:
     raise InvalidArgument(f"{filename!r} is not an archive blobsvc unpacks ({', '.join(ARCHIVE_SUFFIXES)})")
 
 
-def remove_unpacked(tree: Path) -> None:
-    """Remove a (read-only) unpacked tree; what is gone already is fine. Its directories are
-    made writable through their own descriptors, so no link in the tree is ever followed."""
-    if not tree.is_dir() or tree.is_symlink():
-        return
-    with contextlib.suppress(FileNotFoundError):
-        os.chmod(tree, 0o700)
-        for _, _, _, fd in os.fwalk(tree):  # follows no link, top-down: each made writable before its children
-            os.fchmod(fd, 0o700)
-    shutil.rmtree(tree, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _lock(root: Path, name: str) -> Iterator[FileLock]:
-    lock = FileLock(root / f".{name}.lock")
-    with lock:
-        yield lock
-
-
 def prune(root: Path, content_dir: Path) -> list[str]:
     """Remove the trees whose archive has left the cache (``content_dir/<key>`` is gone): an
     archive a registered job uses is never evicted, so no task is using such a tree. A tree
@@ -110,12 +89,12 @@ def prune(root: Path, content_dir: Path) -> list[str]:
         key = name.removesuffix(ENVIRONMENT_SUFFIX)
         if name.startswith(".") or (content_dir / key).exists():
             continue
-        lock = FileLock(root / f".{name}.lock")
+        lock = _trees.lock(root, name)
         if not lock.acquire(blocking=False):
             continue
         try:
             if not (content_dir / key).exists():
-                _remove_tree(root, name)
+                _trees.remove(root, name)
                 removed.append(name)
             lock.unlink()
         finally:
@@ -127,26 +106,14 @@ def discard(root: Path, key: str, *, environment: bool = False) -> None:
     """Remove the tree of ``key`` that :func:`unpack` made, once no process is unpacking it:
     for a tree that is of no use (an environment without its interpreter)."""
     name = key + ENVIRONMENT_SUFFIX if environment else key
-    with _lock(root, name) as lock:
-        _remove_tree(root, name)
+    with _trees.lock(root, name) as lock:
+        _trees.remove(root, name)
         lock.unlink()
 
 
-def _remove_tree(root: Path, name: str) -> None:
-    """Remove a tree and its boot record; the caller holds the tree's lock."""
-    _boot_record(root, name).unlink(missing_ok=True)  # first: a record of no tree means "unpack"
-    remove_unpacked(root / name)
-
-
-def _boot_record(root: Path, name: str) -> Path:
-    return root / f".{name}.boot"
-
-
 def _unpacked_in_this_boot(root: Path, name: str, boot: str) -> bool:
-    try:
-        return (root / name).is_dir() and _boot_record(root, name).read_text() == boot
-    except FileNotFoundError:
-        return False
+    record = _trees.read_record(root, name)
+    return record is not None and record[0] == boot and (root / name).is_dir()
 
 
 def unpack(
@@ -158,14 +125,17 @@ def unpack(
     environment: bool = False,
     max_bytes: int = DEFAULT_CACHE_MAX_BYTES,
     max_members: int = MAX_MEMBERS,
+    store: CacheStore | None = None,
 ) -> Path:
     """The unpacked directory of ``archive`` (content ``key``) under ``root``, unpacking it
     first when no process on this host has yet in this boot of the host. ``environment``: a
-    Python environment, whose symlinks may name absolute paths (see the module's docstring);
-    ``max_bytes`` and ``max_members``: the most the tree may hold (ArchiveTooLarge)."""
-    return unpack_once(root, key, archive, kind, environment=environment, max_bytes=max_bytes, max_members=max_members)[
-        0
-    ]
+    Python environment, whose symlinks may name absolute paths (see the module's docstring).
+    The tree holds at most ``max_members`` members and ``max_bytes`` bytes; with ``store``
+    (the cache whose ``unpacked_dir`` ``root`` is), the room its byte limit ``max_bytes``
+    leaves, as the tree counts in it (ArchiveTooLarge when it would not fit)."""
+    return unpack_once(
+        root, key, archive, kind, environment=environment, max_bytes=max_bytes, max_members=max_members, store=store
+    )[0]
 
 
 def unpack_once(
@@ -177,6 +147,7 @@ def unpack_once(
     environment: bool = False,
     max_bytes: int = DEFAULT_CACHE_MAX_BYTES,
     max_members: int = MAX_MEMBERS,
+    store: CacheStore | None = None,
 ) -> tuple[Path, bool]:
     """:func:`unpack`, and whether this call unpacked (False when the tree was there)."""
     name = key + ENVIRONMENT_SUFFIX if environment else key
@@ -184,21 +155,30 @@ def unpack_once(
     if _unpacked_in_this_boot(root, name, boot):
         return final, False
     root.mkdir(parents=True, exist_ok=True)
-    with _lock(root, name) as lock:
+    with _trees.lock(root, name) as lock:
         if _unpacked_in_this_boot(root, name, boot):
             return final, False
-        _remove_tree(root, name)  # no process of an earlier boot is alive to use a tree of that boot
-        for leftover in root.glob(f"{_TEMP_PREFIX}{name}-*"):  # a killed unpacker's
+        _trees.remove(root, name)  # no process of an earlier boot is alive to use a tree of that boot
+        for leftover in root.glob(f"{_trees.TEMP_PREFIX}{name}-*"):  # a killed unpacker's
             remove_unpacked(leftover)
-        temp = root / f"{_TEMP_PREFIX}{name}-{secrets.token_hex(4)}"
+        temp = root / f"{_trees.TEMP_PREFIX}{name}-{secrets.token_hex(4)}"
         temp.mkdir()
+        room = max_bytes if store is None else store.room_for_tree(key, max_bytes)
         try:
-            extract(archive, kind, temp, environment=environment, max_bytes=max_bytes, max_members=max_members)
+            try:
+                size = extract(archive, kind, temp, environment=environment, max_bytes=room, max_members=max_members)
+            except ArchiveTooLarge as exc:
+                if room == max_bytes:
+                    raise
+                raise ArchiveTooLarge(
+                    f"{exc}: the rest of the cache's {max_bytes} bytes hold the archive, blobs in use and downloads"
+                ) from None
             os.rename(temp, final)
         except BaseException:
             remove_unpacked(temp)
             lock.unlink()  # nothing of a refused archive is left, its lock included
             raise
-        # Written in place: a record cut short matches no boot, which only means "unpack again".
-        _boot_record(root, name).write_text(boot)
+        _trees.write_record(root, name, boot, size)
+        if store is not None:
+            store.settle(max_bytes, keep=key)  # room for the tree, made by evicting what was least used
     return final, True

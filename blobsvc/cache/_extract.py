@@ -104,9 +104,10 @@ def extract(
     environment: bool = False,
     max_bytes: int,
     max_members: int = MAX_MEMBERS,
-) -> None:
+) -> int:
     """Unpack ``archive`` (``"tar"`` or ``"zip"``) into the empty directory ``dest`` by the
-    module's rules, leaving it read-only; UnsafeArchive (or ArchiveTooLarge) when refused."""
+    module's rules, leaving it read-only; the bytes of its files. UnsafeArchive (or
+    ArchiveTooLarge) when refused."""
     fd = os.open(dest, _DIR_FLAGS)
     try:
         tree = _Tree(fd, environment, max_bytes, max_members)
@@ -117,6 +118,7 @@ def extract(
         except _ArchiveReadError as exc:
             raise UnsafeArchive(f"{archive.name} is not a readable {kind} archive: {exc.__cause__}") from exc
         tree.finish()
+        return tree.written
     finally:
         os.close(fd)
 
