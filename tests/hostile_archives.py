@@ -152,6 +152,7 @@ def build(directory: Path, name: str, kind: str, members: list[Member]) -> Path:
 def harmless_environment() -> list[Member]:
     """What a packed environment holds: its interpreter by absolute path, files, links in it."""
     return [
+        ("file", "pyvenv.cfg", b"home = /usr/bin\n"),
         ("symlink", "bin/python", sys.executable),
         ("symlink", "bin/python3", "python"),
         ("file", "lib/site-packages/probe.py", b"X = 1\n"),
@@ -159,6 +160,7 @@ def harmless_environment() -> list[Member]:
         ("symlink", "lib64", "lib"),
         ("symlink", "lib/site-packages/up", "../../bin"),
         ("dir", "share/empty", b""),
+        ("file", "pyvenv.cfg", b"home = /usr/bin\nrelocated = true\n"),  # rewritten, as venv-pack does
     ]
 
 
@@ -203,6 +205,8 @@ def check_all(extract: Callable[..., None], refusal: type[Exception], base: Path
     extract(archive, "tar", tree, environment=True, max_bytes=BOMB_LIMIT, max_members=MEMBER_LIMIT)
     if (tree / "lib64" / "site-packages" / "probe.py").read_bytes() != b"X = 1\n":
         problems.append("the harmless environment did not unpack whole")
+    if (tree / "pyvenv.cfg").read_bytes() != b"home = /usr/bin\nrelocated = true\n":
+        problems.append("the harmless environment's pyvenv.cfg is not the last of its name")
     if os.readlink(tree / "bin" / "python") != sys.executable:
         problems.append("the harmless environment's bin/python is not its interpreter")
     for parent, dirs, files in os.walk(tree):

@@ -86,6 +86,37 @@ def test_members_are_created_read_only_and_owned_by_the_unpacker(tmp_path: Path)
     assert (tree / "old.py").stat().st_mtime == 0, "tarfile's default time of a member: the epoch"
 
 
+@pytest.mark.parametrize("kind", ["tar", "zip"])
+def test_a_file_may_replace_a_file_of_its_name_and_nothing_else(tmp_path: Path, kind: str) -> None:
+    """As tar does, the last of two files of one name wins: venv-pack writes its rewritten
+    pyvenv.cfg after the original. Any other pair of one name is refused."""
+    archive = build(tmp_path, "twice", kind, [("file", "pyvenv.cfg", b"old"), ("file", "pyvenv.cfg", b"new")])
+    assert (unpack(tmp_path / "u", "k", archive, kind) / "pyvenv.cfg").read_bytes() == b"new"
+    pairs: list[list[Member]] = [
+        [("file", "a", b"x"), ("symlink", "a", "b")],
+        [("symlink", "a", "b"), ("file", "a", b"x")],
+        [("dir", "a", b""), ("file", "a", b"x")],
+        [("file", "a", b"x"), ("dir", "a", b"")],
+    ]
+    if kind == "tar":
+        pairs.append([("file", "b", b"x"), ("file", "a", b"x"), ("hardlink", "a", "b")])
+    for number, members in enumerate(pairs):
+        with pytest.raises(UnsafeArchive, match=r"appears twice|would replace"):
+            unpack(tmp_path / "u", f"bad{number}", build(tmp_path, f"bad{number}", kind, members), kind)
+
+
+def test_a_venv_pack_archive_unpacks(tmp_path: Path) -> None:
+    venv_pack = pytest.importorskip("venv_pack")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    venv_pack.pack(prefix=str(venv), output=str(tmp_path / "env.tar.gz"))
+    tree = unpack(tmp_path / "u", "k", tmp_path / "env.tar.gz", "tar", environment=True)
+    ran = subprocess.run(
+        [tree / "bin" / "python", "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True
+    )
+    assert ran.stdout.strip() == str(tree), ran.stderr
+
+
 def test_a_relative_link_may_not_climb_after_a_name(tmp_path: Path) -> None:
     """``a -> .`` makes ``a/a/../..`` lexically inside yet, followed, above the tree: so a
     '..' may only lead a target, and the leading ones may not pass the tree's top."""

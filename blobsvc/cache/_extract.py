@@ -12,7 +12,9 @@ resolving a path (``realpath``), which links and long paths can defeat:
 * **Names** are relative, without a ``..`` component or a NUL, each component at most
   ``NAME_MAX`` bytes and the whole at most ``PATH_MAX``; ``.`` components are dropped.
 * **Each name once:** a member named twice, one under (or at) an earlier link or file, or a
-  link or file at a directory's name refuses the archive.
+  link or file at a directory's name refuses the archive. The one exception: a regular file
+  may replace an earlier regular file of its name, the last winning as in tar (venv-pack
+  writes ``pyvenv.cfg`` twice); the earlier is unlinked, never written through.
 * **Kinds:** regular files, directories, symbolic links, and (tar) hard links to a regular
   file this archive has already unpacked. A device, a FIFO or anything else refuses it.
 * **Symbolic links come last,** after every file and directory, so no member is ever written
@@ -302,10 +304,13 @@ class _Tree:
                 raise UnsafeArchive(f"member {member.name!r} names the directory itself")
             return
         name = "/".join(parts)
-        if name in self.named:
+        # The one duplicate allowed: a file replacing a file, the last winning as in tar
+        # (venv-pack writes its rewritten pyvenv.cfg after the original).
+        replaces = name in self.named and member.kind == "file" and self.kinds.get(name) == "file"
+        if name in self.named and not replaces:
             raise UnsafeArchive(f"member {member.name!r} appears twice")
         self.named.add(name)
-        held = self.kinds.get(name)
+        held = None if replaces else self.kinds.get(name)
         if held == "dir" and member.kind == "dir":
             self.dirs[name] = member.mtime
             return
@@ -327,6 +332,8 @@ class _Tree:
                 self._hard_link(member, parts[-1], parent)
                 self.kinds[name] = "file"
             else:
+                if replaces:
+                    os.unlink(parts[-1], dir_fd=parent)  # a file of ours: unlinking follows nothing
                 self._write(member, parts[-1], parent)
                 self.kinds[name] = "file"
 

@@ -193,6 +193,8 @@ class CacheStats:
     references: int
     partials: int
     partial_bytes: int
+    unpacked_bytes: int
+    """Archives' unpacked trees, which count in the limit too."""
     max_bytes: int | None = None
     hits: int = 0
     misses: int = 0
@@ -757,6 +759,7 @@ class CacheStore:
             warnings += self._check_layout(fix)
             if max_bytes is not None:
                 used = sum(size for size, _ in self._content_files().values())
+                used += sum(_trees.sizes(self.unpacked_dir).values())
                 if used > max_bytes:
                     warnings.append(f"the cache holds {used} bytes, over its limit of {max_bytes}")
                     if fix:
@@ -898,6 +901,7 @@ class CacheStore:
             references=sum(j.references for j in jobs),
             partials=len(partials),
             partial_bytes=sum(_size_on_disk(p.path) for p in partials),
+            unpacked_bytes=sum(_trees.sizes(self.unpacked_dir).values()),
             max_bytes=max_bytes,
             **counted,
         )
