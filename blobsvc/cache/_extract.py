@@ -60,7 +60,8 @@ from .._exceptions import BlobError
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_MEMBERS", "ArchiveTooLarge", "UnsafeArchive", "extract"]
 
-# How many members an unpacked tree may hold: a large conda environment has some 60,000.
+# How many members an unpacked tree may hold: well above the tens of thousands of files of
+# the largest Python environments.
 MAX_MEMBERS = 200_000
 # The largest single read of a tar's headers (a pax record, a GNU long name).
 MAX_HEADER_BYTES = 1 << 20
