@@ -20,7 +20,7 @@ import blake3
 import pytest
 
 from blobsvc import BlobClient, InvalidArgumentType, LocalProtocolError, new_job_id
-from blobsvc.cache import BlobCache, CacheFull, CacheStore, TooLargeForCache
+from blobsvc.cache import BlobCache, CacheFull, CacheStore, TooLargeForCache, _trees
 from blobsvc.cache._archives import ArchiveTooLarge, unpack
 
 from .conftest import ServerThread
@@ -471,3 +471,15 @@ def test_unpacked_trees_count_against_the_cache_limit(tmp_path: Path) -> None:
     with pytest.raises(ArchiveTooLarge, match="hold the archive, blobs in use and downloads"):
         unpack(trees, third_key, third, "tar", max_bytes=limit, store=store)
     assert (tree / "ones").exists() and not (trees / third_key).exists()
+
+
+def test_a_blob_whose_tree_is_being_unpacked_or_removed_is_not_evicted(tmp_path: Path) -> None:
+    store = CacheStore(tmp_path / "cache")
+    key, archive = _cached(store, build_tar(tmp_path / "a.tar.gz", [("file", "zeros", b"\0" * (64 << 10))]))
+    unpack(store.unpacked_dir, key, archive, "tar", max_bytes=1 << 20, store=store)
+    with _trees.lock(store.unpacked_dir, key):  # as an unpacker or a remover holds it
+        store.settle(1, keep="other")
+        assert archive.exists() and (store.unpacked_dir / key).is_dir()
+    store.settle(1, keep="other")
+    assert not archive.exists() and not (store.unpacked_dir / key).exists()
+    assert list(store.unpacked_dir.iterdir()) == [], "its record and locks go with it"

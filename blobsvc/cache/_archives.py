@@ -14,8 +14,8 @@ blobs in use, downloads in flight and their trees hold, and once unpacked, the b
 recently used are evicted (their trees with them) until the cache fits again. An archive
 that would pass a bound is refused with :class:`ArchiveTooLarge` as it is unpacked, at the
 bound. A tree lives as long as its archive is in the cache; :func:`prune` (run as each new
-tree is unpacked) removes those whose archive has left. The layout of the trees' directory
-is :mod:`._trees`'.
+tree is unpacked) removes those whose archive has left. The trees' directory is laid out in
+:mod:`._trees`.
 
 Like the cache's downloads, trees are not fsynced: ``<root>/.<key>.boot`` records the boot of
 the host they were unpacked in, and a tree of an earlier boot (whose files a crash of the host
