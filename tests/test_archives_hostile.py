@@ -117,6 +117,21 @@ def test_a_venv_pack_archive_unpacks(tmp_path: Path) -> None:
     assert ran.stdout.strip() == str(tree), ran.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("a/" + "n" * 256, "component longer than 255 bytes"),
+        ("/".join(["d" * 200] * 25), "longer than 4095 bytes"),
+        ("C:/x", "absolute path"),
+    ],
+    ids=["component", "whole", "drive"],
+)
+def test_a_name_too_long_or_absolute_is_a_clear_refusal(tmp_path: Path, name: str, words: str) -> None:
+    """Refused by the rules, with a reason, rather than by the file system with an OSError."""
+    with pytest.raises(UnsafeArchive, match=words):
+        unpack(tmp_path / "u", "k", build_tar(tmp_path / "a.tar", [("file", name, b"x")]), "tar")
+
+
 def test_a_relative_link_may_not_climb_after_a_name(tmp_path: Path) -> None:
     """``a -> .`` makes ``a/a/../..`` lexically inside yet, followed, above the tree: so a
     '..' may only lead a target, and the leading ones may not pass the tree's top."""
