@@ -532,3 +532,33 @@ def test_bad_launcher_requests_get_clear_errors(
     key = "ab" * 32 if archive is None else put.put(archives[archive]())
     got, body = agent.get(f"/python/{key}/{name}/{launcher}")
     assert (got, words in body, body.count(b"\n")) == (status, True, 1), body
+
+
+def test_an_environment_that_unpacks_past_the_cache_limit_is_a_507_and_leaves_nothing(
+    server_thread: ServerThread, put: BlobClient, tmp_path: Path
+) -> None:
+    """A few kilobytes of tar.gz that unpack to 4 MiB, on an agent whose cache holds 1 MiB:
+    refused at the limit, logged, and no tree (nor a part of one) is left."""
+    key = put.put(environment_tar(tmp_path / "bomb.tar.gz", ("zeros", b"\0" * (4 << 20))))
+    with run_agent(server_thread.address, tmp_path / "cache", "--max-bytes", "1MiB") as small:
+        status, body = small.get(python_path(key, "bomb.tar.gz", "env-python"))
+        small.kill()
+    assert status == 507 and b"the most a tree may hold" in body and b"1048576 bytes" in body, body
+    assert list((tmp_path / "cache" / "unpacked").iterdir()) == []
+    assert small.process.stderr is not None
+    logged = small.process.stderr.read()
+    assert "WARNING" in logged and f"refused the environment {key}" in logged, logged
+
+
+def test_an_environment_without_python_is_refused_logged_and_not_kept(
+    put: BlobClient, agent: AgentProcess, tmp_path: Path
+) -> None:
+    key = put.put(environment_tar(tmp_path / "env.tar.gz", ("lib/x.py", b""), python=False))
+    for _ in range(2):  # unpacked, found useless and removed each time
+        status, body = agent.get(python_path(key, "env.tar.gz", "env-python"))
+        assert status == 400 and b"no bin/python" in body, body
+        assert [p.name for p in (agent.cache_dir / "unpacked").iterdir()] == [], "neither a tree nor its lock"
+    agent.kill()
+    assert agent.process.stderr is not None
+    logged = agent.process.stderr.read()
+    assert f"refused the environment {key} (env.tar.gz): the archive has no bin/python" in logged, logged

@@ -20,9 +20,11 @@ import blake3
 import pytest
 
 from blobsvc import BlobClient, InvalidArgumentType, LocalProtocolError, new_job_id
-from blobsvc.cache import BlobCache, CacheFull, TooLargeForCache
+from blobsvc.cache import BlobCache, CacheFull, CacheStore, TooLargeForCache, _trees
+from blobsvc.cache._archives import ArchiveTooLarge, unpack
 
 from .conftest import ServerThread
+from .hostile_archives import build_tar
 
 MiB = 1 << 20
 
@@ -433,3 +435,51 @@ def test_bad_keys_and_names_fail_before_any_request(open_cache: OpenCache, serve
         cache.path(uuid.uuid4())
     assert isinstance(caught.value, TypeError)
     assert sum(server_thread.server.requests.values()) == 0
+
+
+# --- archives' unpacked trees ------------------------------------------------------------------
+
+
+def _cached(store: CacheStore, archive: Path) -> tuple[str, Path]:
+    """``archive`` published into ``store`` as a verified blob: its key and content path."""
+    data = archive.read_bytes()
+    key = blake3.blake3(data).hexdigest()
+    partial = store.reserve(key, len(data), 1 << 30)
+    partial.write_bytes(data)
+    return key, store.publish(key, partial)
+
+
+def test_unpacked_trees_count_against_the_cache_limit(tmp_path: Path) -> None:
+    """A tree's bytes are the cache's: unpacking one evicts what was least recently used, its
+    trees with it; and a tree may not take the room that blobs in use hold."""
+    store = CacheStore(tmp_path / "cache")
+    limit = 1 << 20
+    trees = store.unpacked_dir
+    old_key, old = _cached(store, build_tar(tmp_path / "old.tar.gz", [("file", "zeros", b"\0" * (600 << 10))]))
+    unpack(trees, old_key, old, "tar", max_bytes=limit, store=store)
+    time.sleep(0.01)  # the next blob is used later: the least recently used is the first
+    new_key, new = _cached(store, build_tar(tmp_path / "new.tar.gz", [("file", "ones", b"\1" * (600 << 10))]))
+    tree = unpack(trees, new_key, new, "tar", max_bytes=limit, store=store)
+    assert (tree / "ones").stat().st_size == 600 << 10
+    assert not (trees / old_key).exists() and not old.exists(), "the older archive evicted with its tree"
+    stats = store.stats()
+    assert stats.unpacked_bytes == 600 << 10 and stats.bytes + stats.unpacked_bytes <= limit
+    job = new_job_id()
+    store.register(job)
+    store.link(job, "new.tar.gz", new_key)  # in use: neither it nor its tree may go
+    third_key, third = _cached(store, build_tar(tmp_path / "third.tar.gz", [("file", "twos", b"\2" * (600 << 10))]))
+    with pytest.raises(ArchiveTooLarge, match="hold the archive, blobs in use and downloads"):
+        unpack(trees, third_key, third, "tar", max_bytes=limit, store=store)
+    assert (tree / "ones").exists() and not (trees / third_key).exists()
+
+
+def test_a_blob_whose_tree_is_being_unpacked_or_removed_is_not_evicted(tmp_path: Path) -> None:
+    store = CacheStore(tmp_path / "cache")
+    key, archive = _cached(store, build_tar(tmp_path / "a.tar.gz", [("file", "zeros", b"\0" * (64 << 10))]))
+    unpack(store.unpacked_dir, key, archive, "tar", max_bytes=1 << 20, store=store)
+    with _trees.lock(store.unpacked_dir, key):  # as an unpacker or a remover holds it
+        store.settle(1, keep="other")
+        assert archive.exists() and (store.unpacked_dir / key).is_dir()
+    store.settle(1, keep="other")
+    assert not archive.exists() and not (store.unpacked_dir / key).exists()
+    assert list(store.unpacked_dir.iterdir()) == [], "its record and locks go with it"

@@ -30,7 +30,7 @@ from ..wire._netio import SocketStream, bind_listener
 from ..wire._protocol import ContentKey, JobBlob
 from ..wire._tls import client_context_for
 from ._heartbeat import Heartbeats
-from ._python import launcher_response
+from ._python import launcher_problem, launcher_response
 from ._source import CacheSource
 
 __all__ = ["Agent"]
@@ -131,7 +131,12 @@ class Agent:
         refused = self.http.authorise(python_path(key, archive, launcher), request.query)
         if refused is not None:
             return refused
-        return launcher_response(await self.source.environment(key, archive))
+        tree = await self.source.environment(key, archive)
+        problem = launcher_problem(tree)
+        if problem is not None:  # a tree of no use to anyone: not kept
+            log.warning("refused the environment %s (%s): %s", key.hex(), archive, problem[1])
+            await asyncio.to_thread(self.source.discard_environment, key)
+        return launcher_response(tree)
 
     async def serve_forever(self) -> None:
         """Serve until :meth:`shutdown`, or until a heartbeat finds the server requires a secret

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..http import HttpResponse, text_response
 
-__all__ = ["launcher_response", "launcher_script"]
+__all__ = ["launcher_problem", "launcher_response", "launcher_script"]
 
 
 def launcher_script(tree: Path) -> bytes:
@@ -29,16 +29,23 @@ def launcher_script(tree: Path) -> bytes:
     return f'#!/bin/sh\nexec {shlex.quote(str(tree / "bin" / "python"))} "$@"\n'.encode()
 
 
-def launcher_response(tree: Path) -> HttpResponse:
-    """200 with the launcher, or why ``tree`` has no Python to launch."""
+def launcher_problem(tree: Path) -> tuple[int, str] | None:
+    """Why ``tree`` has no Python to launch (a status and a reason), or None when it has.
+    Looks at ``bin/python`` without following it first: a link of its own is its interpreter."""
     python = tree / "bin" / "python"
     if not python.is_symlink() and not python.exists():
-        return text_response(400, "the archive has no bin/python: not a packed Python environment")
+        return 400, "the archive has no bin/python: not a packed Python environment"
     if not python.exists():
-        target = python.readlink()
-        return text_response(
-            500,
-            f"bin/python points to {target}, which this host lacks (a venv-pack environment needs "
-            "its base interpreter at the same path on every host; conda-pack ships its own)",
+        return 500, (
+            f"bin/python points to {python.readlink()}, which this host lacks (a venv-pack environment needs "
+            "its base interpreter at the same path on every host; conda-pack ships its own)"
         )
+    return None
+
+
+def launcher_response(tree: Path) -> HttpResponse:
+    """200 with the launcher, or why ``tree`` has no Python to launch."""
+    problem = launcher_problem(tree)
+    if problem is not None:
+        return text_response(*problem)
     return HttpResponse(200, [("Content-Type", "text/x-shellscript; charset=utf-8")], launcher_script(tree))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import threading
 from collections.abc import Callable, Hashable
@@ -30,12 +31,22 @@ from pathlib import Path
 
 from .._exceptions import BlobError, NotFound
 from ..cache import BlobCache, CacheError
-from ..cache._archives import ENVIRONMENT_SUFFIX, UnsafeArchive, archive_kind, prune, unpack_once
+from ..cache._archives import (
+    ENVIRONMENT_SUFFIX,
+    ArchiveTooLarge,
+    UnsafeArchive,
+    archive_kind,
+    discard,
+    prune,
+    unpack_once,
+)
 from ..http import HttpError
 from ..storage import OpenBlob
 from ..wire._protocol import ContentKey, JobBlob
 
 __all__ = ["FETCH_THREADS", "CacheSource"]
+
+log = logging.getLogger("blobsvc.agent")
 
 # Distinct blobs fetched at once; more wait their turn. Each is one connection to the server,
 # and a host rarely asks for more than a few jars and an environment at a time.
@@ -127,18 +138,24 @@ class CacheSource:
 
     def _unpack(self, key: str, kind: str) -> Path:
         """The environment's tree (a worker thread); failures as the HTTP face answers them."""
-        trees = self.cache.root / "unpacked"
+        trees = self.cache.store.unpacked_dir
         for attempt in (1, 2):
             archive = self._fetch(ContentKey(bytes.fromhex(key)))
             try:
                 if not (trees / (key + ENVIRONMENT_SUFFIX)).is_dir():  # a new tree: drop stale ones
                     prune(trees, self.cache.store.content_dir)
-                tree, fresh = unpack_once(trees, key, archive, kind, environment=True)
+                tree, fresh = unpack_once(
+                    trees, key, archive, kind, environment=True, max_bytes=self.cache.max_bytes, store=self.cache.store
+                )
             except FileNotFoundError:  # the archive evicted between the fetch and the unpack
                 if attempt == 2:
                     raise
                 continue
+            except ArchiveTooLarge as exc:
+                log.warning("refused the environment %s: %s", key, exc)
+                raise HttpError(507, f"the host cache cannot hold the environment unpacked: {exc}") from None
             except UnsafeArchive as exc:
+                log.warning("refused the environment %s: %s", key, exc)
                 raise HttpError(400, f"not an environment the agent unpacks: {exc}") from None
             except OSError as exc:
                 status = 507 if exc.errno in (errno.ENOSPC, errno.EDQUOT) else 500
@@ -148,6 +165,10 @@ class CacheSource:
                     self.unpacks += 1
             return tree
         raise AssertionError("unreachable")
+
+    def discard_environment(self, key: bytes) -> None:
+        """Remove the environment ``key``'s tree, found of no use (no Python to launch)."""
+        discard(self.cache.store.unpacked_dir, key.hex(), environment=True)
 
     def _hold(self, job: str) -> None:
         with self._jobs_lock:

@@ -13,6 +13,8 @@ directory under a byte limit by evicting the least recently used blobs no job is
 * ``_cache``: :class:`BlobCache`, which fetches from the server (or from the HA store the
   server names, :mod:`blobsvc.ha.reads`) into the store;
 * ``_archives``: archives unpacked once per host per digest, atomically and safely.
+* ``_extract``: an archive's members created inside its tree and nowhere else, bounded;
+* ``_trees``: the layout of the unpacked trees, which count in the cache's byte limit.
 
 May import the client, :mod:`blobsvc.ha` (reads from the HA store), storage's layout, the
 wire, config and exceptions; never the server, the agent or the Spark integration.

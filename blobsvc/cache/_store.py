@@ -15,6 +15,7 @@ Everything here is local to the host; fetching is :class:`~blobsvc.cache.BlobCac
       jobs/<job>/<encoded name>/<key>/<file name>
                                   a job blob: a hard link to content/<key>, under the last
                                   component of its name so that ``x.jar`` still ends in ``.jar``
+      unpacked/                   archives' trees, with their records and locks (see ``_trees``)
       trash/                      job directories on their way out
       stats/                      counters: one file per process, and those of dead ones
                                   (see ``_counters``)
@@ -24,8 +25,10 @@ for a key's lock while holding the directory lock (it only tries), so no two pro
 deadlock. Only the holder of a key's lock writes that key's partial, content or stamp.
 
 A job file always shares its inode with ``content/<key>``: bytes are stored once however many
-jobs name them, and the size of the cache is the sum of ``content/``. Removing a blob removes
-its job links first.
+jobs name them, and the size of the cache is the sum of ``content/``, of the downloads in
+flight, and of the archives' unpacked trees (the bytes their records hold). Removing a blob
+removes its job links first, and its trees with it; a blob whose tree is being unpacked or
+removed right now is not evicted.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import blake3
 
 from .._exceptions import BlobError
 from ..storage._layout import decode_name, encode_name, key_from_filename
+from . import _trees
 from ._counters import Counters
 from ._leases import LeaseFiles
 from ._lock import FileLock
@@ -189,6 +193,8 @@ class CacheStats:
     references: int
     partials: int
     partial_bytes: int
+    unpacked_bytes: int
+    """Archives' unpacked trees, which count in the limit too."""
     max_bytes: int | None = None
     hits: int = 0
     misses: int = 0
@@ -245,6 +251,7 @@ class CacheStore:
         self.locks_dir = self.root / "locks"
         self.jobs_dir = self.root / "jobs"
         self.trash_dir = self.root / "trash"
+        self.unpacked_dir = self.root / "unpacked"
         self.counters = Counters(self.root / "stats")
         for directory in (
             self.content_dir,
@@ -394,6 +401,25 @@ class CacheStore:
         self._write_stamp(key, partial)
         os.replace(partial, self.content(key))
         return self.content(key)
+
+    def room_for_tree(self, key: str, max_bytes: int) -> int:
+        """The most bytes a tree of archive ``key`` may unpack to: ``max_bytes`` less what
+        eviction could not free (blobs in use, ``key`` itself, downloads in flight, and trees
+        of those blobs). The caller holds the tree's lock."""
+        with self.directory_lock():
+            files = self._content_files()
+            kept = self._in_use(self._links()) | {key}
+            trees = _trees.sizes(self.unpacked_dir)
+            held = sum(files[k][0] + trees.get(k, 0) for k in kept if k in files)
+            held += sum(p.size for p in self._partials())
+        return max(0, max_bytes - held)
+
+    def settle(self, max_bytes: int, *, keep: str) -> None:
+        """Evict what is least recently used until the cache, with the tree of ``keep`` just
+        unpacked, is under ``max_bytes`` again (as far as blobs in use and work in flight
+        allow: the next collection evicts the rest)."""
+        with self.directory_lock():
+            self._make_room(0, max_bytes, keep=keep, strict=False)
 
     def _remove_content(self, key: str, links: dict[str, list[_JobFile]]) -> int:
         """Remove a blob and every job link to it; its size. Holds key and directory locks."""
@@ -576,14 +602,23 @@ class CacheStore:
         """Evict least recently used blobs no live job uses until ``need`` more bytes fit.
         Holds the directory lock; ``keep`` is the key whose lock the caller holds."""
         report = CollectReport()
+        # What is not ours to remove now but frees itself: downloads in flight end, published
+        # or abandoned; blobs locked by a check or a link, and trees being unpacked, are free
+        # again a moment later.
+        passing = 0
         files = self._content_files()
         partials = [p for p in self._partials() if p.key != keep]
-        used = sum(size for size, _ in files.values()) + sum(p.size for p in partials)
+        trees = _trees.sizes(self.unpacked_dir)
+        used = sum(size for size, _ in files.values()) + sum(p.size for p in partials) + sum(trees.values())
         if used + need <= max_bytes:
             return report
-        # What is not ours to remove now but frees itself: downloads in flight end, published
-        # or abandoned; blobs locked by a check or a link are free again a moment later.
-        passing = 0
+        for key in [key for key in trees if key not in files and key != keep]:  # their archive is gone
+            if used + need <= max_bytes:
+                break
+            if _trees.remove_all(self.unpacked_dir, key):
+                used -= trees.pop(key)
+            else:
+                passing += trees[key]
         for partial in partials:  # abandoned downloads go first: they may never be finished
             if used + need <= max_bytes:
                 break
@@ -604,7 +639,10 @@ class CacheStore:
                 passing += files[key][0]
                 continue  # being checked or linked right now: not a candidate
             try:
-                freed = self._remove_content(key, links)
+                if key in trees and not _trees.remove_all(self.unpacked_dir, key):
+                    passing += files[key][0] + trees[key]
+                    continue  # its tree is being unpacked or removed right now
+                freed = self._remove_content(key, links) + trees.get(key, 0)
                 lock.unlink()
             finally:
                 lock.release()
@@ -721,6 +759,7 @@ class CacheStore:
             warnings += self._check_layout(fix)
             if max_bytes is not None:
                 used = sum(size for size, _ in self._content_files().values())
+                used += sum(_trees.sizes(self.unpacked_dir).values())
                 if used > max_bytes:
                     warnings.append(f"the cache holds {used} bytes, over its limit of {max_bytes}")
                     if fix:
@@ -862,6 +901,7 @@ class CacheStore:
             references=sum(j.references for j in jobs),
             partials=len(partials),
             partial_bytes=sum(_size_on_disk(p.path) for p in partials),
+            unpacked_bytes=sum(_trees.sizes(self.unpacked_dir).values()),
             max_bytes=max_bytes,
             **counted,
         )

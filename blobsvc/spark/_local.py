@@ -150,10 +150,11 @@ def resolve(options: CacheOptions, job: str, artifact: Artifact) -> Path:
     cache = hold(options, job)
     path = cache.path(job, artifact.name)
     if artifact.kind is Kind.ARCHIVE:
-        trees = cache.root / "unpacked"
+        trees = cache.store.unpacked_dir
         if not (trees / artifact.key).is_dir():
             prune(trees, cache.store.content_dir)
-        return unpack(trees, artifact.key, path, archive_kind(artifact.filename))
+        kind = archive_kind(artifact.filename)
+        return unpack(trees, artifact.key, path, kind, max_bytes=cache.max_bytes, store=cache.store)
     return path
 
 

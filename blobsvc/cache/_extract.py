@@ -1,0 +1,429 @@
+"""Unpacking an archive into a directory it cannot reach outside of, whatever it holds.
+
+:func:`extract` uses :mod:`tarfile` and :mod:`zipfile` only to list members and read their
+bytes; it creates every member itself, by these rules (the shape of libarchive's
+``ARCHIVE_EXTRACT_SECURE_*`` flags and GNU tar's delayed links), so that no check rests on
+resolving a path (``realpath``), which links and long paths can defeat:
+
+* **Nothing is ever followed.** Every member is created relative to an open descriptor of its
+  directory, reached from the tree's own descriptor one component at a time with
+  ``O_NOFOLLOW | O_DIRECTORY``; files are created ``O_CREAT | O_EXCL | O_NOFOLLOW``; hard
+  links are made between directory descriptors with ``follow_symlinks=False``.
+* **Names** are relative, without a ``..`` component or a NUL, each component at most
+  ``NAME_MAX`` bytes and the whole at most ``PATH_MAX``; ``.`` components are dropped.
+* **Each name once:** a member named twice, one under (or at) an earlier link or file, or a
+  link or file at a directory's name refuses the archive. The one exception: a regular file
+  may replace an earlier regular file of its name, the last winning as in tar (venv-pack
+  writes ``pyvenv.cfg`` twice); the earlier is unlinked, never written through.
+* **Kinds:** regular files, directories, symbolic links, and (tar) hard links to a regular
+  file this archive has already unpacked. A device, a FIFO or anything else refuses it.
+* **Symbolic links come last,** after every file and directory, so no member is ever written
+  through one. A relative target may start with ``..`` components but has none after a name,
+  and may not climb above the tree from the link's own directory; an absolute target is
+  refused, except with ``environment`` (a packed Python environment's ``bin/python`` names
+  the interpreter it was made from).
+* **Modes** are set through each file's descriptor: read-only, executable (0555) or not
+  (0444); directories 0555 once full. Set-uid, set-gid and sticky bits are never set, and
+  nothing is ever chowned: the tree belongs to whoever unpacks it.
+* **Times:** a file's or directory's modification time is the member's, set through its
+  descriptor; a link keeps the time it was made.
+* **Bounds:** at most ``max_bytes`` bytes of file contents and ``max_members`` members. The
+  bytes are counted as they are written, and a member whose size would pass the bound is
+  refused before its first byte; no single read of the archive's headers exceeds
+  ``MAX_HEADER_BYTES``, so a forged header cannot fill memory either.
+
+A refused archive raises :class:`UnsafeArchive` (:class:`ArchiveTooLarge` for the bounds)
+and leaves what it wrote in the tree, which the caller removes. This module needs nothing
+but the standard library and :mod:`blobsvc._exceptions`.
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import functools
+import gzip
+import io
+import lzma
+import os
+import stat
+import tarfile
+import time
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, BinaryIO, TypeVar
+
+from .._exceptions import BlobError
+
+__all__ = ["MAX_HEADER_BYTES", "MAX_MEMBERS", "ArchiveTooLarge", "UnsafeArchive", "extract"]
+
+# How many members an unpacked tree may hold: well above the tens of thousands of files of
+# the largest Python environments.
+MAX_MEMBERS = 200_000
+# The largest single read of a tar's headers (a pax record, a GNU long name).
+MAX_HEADER_BYTES = 1 << 20
+_NAME_MAX = 255
+_PATH_MAX = 4095
+_CHUNK = 256 << 10
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# What reading a broken archive raises, besides the formats' own errors.
+_READ_ERRORS: tuple[type[Exception], ...] = (
+    *(tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError, OSError, ValueError),
+    *(RuntimeError, NotImplementedError),  # zipfile: encrypted, or an unknown compression
+)
+_T = TypeVar("_T")
+
+
+class UnsafeArchive(BlobError):
+    """An archive holds a member that would land outside its directory (or is no archive)."""
+
+
+class ArchiveTooLarge(UnsafeArchive):
+    """An archive unpacks to more bytes or members than its tree may hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    name: str
+    """As the archive spells it, for messages."""
+    kind: str
+    """``file``, ``dir``, ``symlink`` or ``hardlink``."""
+    size: int = 0
+    executable: bool = False
+    mtime: float | None = None
+    target: str = ""
+    open: Callable[[], IO[bytes] | None] | None = None
+
+
+def extract(
+    archive: Path,
+    kind: str,
+    dest: Path,
+    *,
+    environment: bool = False,
+    max_bytes: int,
+    max_members: int = MAX_MEMBERS,
+) -> int:
+    """Unpack ``archive`` (``"tar"`` or ``"zip"``) into the empty directory ``dest`` by the
+    module's rules, leaving it read-only; the bytes of its files. UnsafeArchive (or
+    ArchiveTooLarge) when refused."""
+    fd = os.open(dest, _DIR_FLAGS)
+    try:
+        tree = _Tree(fd, environment, max_bytes, max_members)
+        try:
+            with _members(archive, kind) as members:
+                for member in members:
+                    tree.add(member)
+        except _ArchiveReadError as exc:
+            raise UnsafeArchive(f"{archive.name} is not a readable {kind} archive: {exc.__cause__}") from exc
+        tree.finish()
+        return tree.written
+    finally:
+        os.close(fd)
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+class _ArchiveReadError(Exception):
+    """Reading the archive failed (not writing the tree): the reader's own error is its cause."""
+
+
+def _reading(call: Callable[[], _T]) -> _T:
+    """``call()``, whose errors are the archive's (a write of the tree's raises OSError as is)."""
+    try:
+        return call()
+    except UnsafeArchive:
+        raise
+    except _READ_ERRORS as exc:
+        raise _ArchiveReadError(exc) from exc
+
+
+@contextlib.contextmanager
+def _members(archive: Path, kind: str) -> Iterator[Iterator[_Member]]:
+    with open(archive, "rb") as raw:
+        if kind == "zip":
+            with _reading(lambda: zipfile.ZipFile(raw)) as zipped:
+                yield _zip_members(zipped)
+            return
+        decompressed = _decompressor(raw)
+        with contextlib.closing(decompressed or raw):
+            stream = _CappedReads(decompressed or raw)
+            with _reading(lambda: tarfile.open(fileobj=stream, mode="r:")) as tarred:  # type: ignore[call-overload]
+                yield _tar_members(tarred)
+
+
+def _decompressor(raw: BinaryIO) -> io.BufferedIOBase | None:
+    """The tar's decompressed bytes, decompressed here rather than by tarfile, so that each
+    read is capped (see _CappedReads); None when it is not compressed."""
+    magic = _reading(lambda: raw.read(6))
+    raw.seek(0)
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if magic.startswith(b"BZh"):
+        return bz2.BZ2File(raw)
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(raw)
+    return None
+
+
+class _CappedReads:
+    """A stream whose reads are at most MAX_HEADER_BYTES: tarfile reads a pax record or a GNU
+    long name whole, as long as its header claims, and member bytes in smaller chunks."""
+
+    def __init__(self, stream: BinaryIO | io.BufferedIOBase) -> None:
+        self._stream = stream
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0 or size > MAX_HEADER_BYTES:
+            raise UnsafeArchive(f"a tar header claims {size} bytes, more than the {MAX_HEADER_BYTES} allowed")
+        return self._stream.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+
+def _tar_members(tarred: tarfile.TarFile) -> Iterator[_Member]:
+    while (info := _reading(tarred.next)) is not None:
+        tarred.members = []  # type: ignore[attr-defined]  # tarfile keeps every header it read: drop them
+        if info.isreg():
+            yield _Member(
+                info.name,
+                "file",
+                info.size,
+                bool(info.mode & 0o111),
+                info.mtime,
+                open=functools.partial(tarred.extractfile, info),
+            )
+        elif info.isdir():
+            yield _Member(info.name, "dir", mtime=info.mtime)
+        elif info.issym():
+            yield _Member(info.name, "symlink", target=info.linkname)
+        elif info.islnk():
+            yield _Member(info.name, "hardlink", target=info.linkname)
+        elif info.ischr() or info.isblk() or info.isfifo():
+            raise UnsafeArchive(f"member {info.name!r} is a device or FIFO")
+        else:
+            raise UnsafeArchive(f"member {info.name!r} is of a kind blobsvc does not unpack ({info.type!r})")
+
+
+def _zip_members(zipped: zipfile.ZipFile) -> Iterator[_Member]:
+    for info in zipped.infolist():
+        name = info.filename.replace("\\", "/")  # as zip tools of Windows wrote them
+        mode = info.external_attr >> 16 if info.create_system == 3 else 0  # 3: made on Unix
+        mtime = _zip_time(info.date_time)
+        if stat.S_ISLNK(mode):
+            target = _reading(functools.partial(zipped.read, info)).decode("utf-8", "surrogateescape")
+            yield _Member(name, "symlink", target=target)
+        elif info.is_dir():
+            yield _Member(name, "dir", mtime=mtime)
+        elif stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # 0: no type recorded, a file
+            raise UnsafeArchive(f"member {name!r} is a device or FIFO")
+        else:
+            yield _Member(
+                name,
+                "file",
+                info.file_size,
+                bool(mode & 0o111),
+                mtime,
+                open=functools.partial(zipped.open, info),
+            )
+
+
+def _zip_time(date_time: tuple[int, int, int, int, int, int]) -> float | None:
+    try:
+        return time.mktime((*date_time, 0, 0, -1))
+    except (OverflowError, ValueError):
+        return None
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def _parts(name: str, what: str = "member") -> list[str]:
+    """``name``'s components, or UnsafeArchive when it is absolute, climbs, or is too long."""
+    if "\0" in name:
+        raise UnsafeArchive(f"{what} {name!r} holds a NUL byte")
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise UnsafeArchive(f"{what} {name!r} is an absolute path")
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise UnsafeArchive(f"{what} {name!r} climbs out of the directory with '..'")
+    if any(len(os.fsencode(part)) > _NAME_MAX for part in parts):
+        raise UnsafeArchive(f"{what} {name[:80]!r}... has a component longer than {_NAME_MAX} bytes")
+    if len(os.fsencode(name)) > _PATH_MAX:
+        raise UnsafeArchive(f"{what} {name[:80]!r}... is longer than {_PATH_MAX} bytes")
+    return parts
+
+
+def _check_symlink(name: str, parts: list[str], target: str, environment: bool) -> None:
+    """A symlink's target, read as text: nothing on disk is consulted, or followed."""
+    if not target or "\0" in target:
+        raise UnsafeArchive(f"link {name!r} has an empty or NUL-holding target")
+    if target.startswith("/"):
+        if environment:
+            return
+        raise UnsafeArchive(f"link {name!r} points to the absolute path {target!r}")
+    steps = [step for step in target.split("/") if step not in ("", ".")]
+    ups = next((i for i, step in enumerate(steps) if step != ".."), len(steps))
+    # A '..' after a name would climb from wherever that name leads, itself perhaps a link.
+    if ".." in steps[ups:] or ups > len(parts) - 1:
+        raise UnsafeArchive(f"link {name!r} points outside the directory ({target!r})")
+
+
+class _Tree:
+    """The tree being unpacked, from its directory's descriptor; what it holds, by name."""
+
+    def __init__(self, fd: int, environment: bool, max_bytes: int, max_members: int) -> None:
+        self.fd = fd
+        self.environment = environment
+        self.max_bytes = max_bytes
+        self.max_members = max_members
+        self.written = 0
+        self.members = 0
+        self.kinds: dict[str, str] = {}  # "dir", "file" or "link", by normalised name
+        self.named: set[str] = set()  # names members gave (the others are implicit directories)
+        self.dirs: dict[str, float | None] = {}  # every directory made, with its member's time
+        self.symlinks: list[tuple[list[str], str]] = []
+        self.current = ""  # the member being added, as the archive names it
+
+    def add(self, member: _Member) -> None:
+        self.current = member.name
+        self.members += 1
+        if self.members > self.max_members:
+            raise ArchiveTooLarge(f"the archive holds more than {self.max_members} members, the most a tree may hold")
+        parts = _parts(member.name)
+        if not parts:  # the tree itself ("./")
+            if member.kind != "dir":
+                raise UnsafeArchive(f"member {member.name!r} names the directory itself")
+            return
+        name = "/".join(parts)
+        # The one duplicate allowed: a file replacing a file, the last winning as in tar
+        # (venv-pack writes its rewritten pyvenv.cfg after the original).
+        replaces = name in self.named and member.kind == "file" and self.kinds.get(name) == "file"
+        if name in self.named and not replaces:
+            raise UnsafeArchive(f"member {member.name!r} appears twice")
+        self.named.add(name)
+        held = None if replaces else self.kinds.get(name)
+        if held == "dir" and member.kind == "dir":
+            self.dirs[name] = member.mtime
+            return
+        if held is not None:  # a directory made for earlier members
+            raise UnsafeArchive(f"member {member.name!r} would replace the directory {name!r}")
+        if member.kind == "symlink":
+            with self._directory(parts[:-1], create=True):  # its directory now, the link last
+                pass
+            _check_symlink(member.name, parts, member.target, self.environment)
+            self.kinds[name] = "link"
+            self.symlinks.append((parts, member.target))
+            return
+        with self._directory(parts[:-1], create=True) as parent:
+            if member.kind == "dir":
+                os.mkdir(parts[-1], 0o700, dir_fd=parent)
+                self.kinds[name] = "dir"
+                self.dirs[name] = member.mtime
+            elif member.kind == "hardlink":
+                self._hard_link(member, parts[-1], parent)
+                self.kinds[name] = "file"
+            else:
+                if replaces:
+                    os.unlink(parts[-1], dir_fd=parent)  # a file of ours: unlinking follows nothing
+                self._write(member, parts[-1], parent)
+                self.kinds[name] = "file"
+
+    def _check_parents(self, parts: list[str]) -> None:
+        """Refuse ``parts`` (a directory to make) when it or one above it is a link or a file."""
+        for depth in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:depth])
+            held = self.kinds.get(prefix)
+            if held == "link":
+                raise UnsafeArchive(f"member {self.current!r} would be written through the link {prefix!r}")
+            if held == "file":
+                raise UnsafeArchive(f"member {self.current!r} lies under the file {prefix!r}")
+
+    @contextlib.contextmanager
+    def _directory(self, parts: list[str], *, create: bool = False) -> Iterator[int]:
+        """A descriptor of the tree's directory ``parts``, reached without following any link;
+        with ``create``, the directories missing are made (0700 until :meth:`finish`)."""
+        if create:
+            self._check_parents(parts)
+        fd = self.fd
+        try:
+            for depth, part in enumerate(parts, 1):
+                prefix = "/".join(parts[:depth])
+                if create and prefix not in self.kinds:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                    self.kinds[prefix] = "dir"
+                    self.dirs[prefix] = None
+                try:
+                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:  # ELOOP, ENOTDIR: a link or a file where a directory must be
+                    raise UnsafeArchive(f"{prefix!r} is not a directory of the tree: {exc.strerror}") from None
+                if fd != self.fd:
+                    os.close(fd)
+                fd = child
+            yield fd
+        finally:
+            if fd != self.fd:
+                os.close(fd)
+
+    def _write(self, member: _Member, base: str, parent: int) -> None:
+        if self.written + member.size > self.max_bytes:
+            raise self._too_large()
+        assert member.open is not None
+        reader = _reading(member.open)
+        assert reader is not None, "a regular file's reader"
+        fd = os.open(base, _FILE_FLAGS, 0o600, dir_fd=parent)
+        try:
+            with reader:
+                while chunk := _reading(functools.partial(reader.read, _CHUNK)):
+                    self.written += len(chunk)
+                    if self.written > self.max_bytes:
+                        raise self._too_large()
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view) :]
+            os.fchmod(fd, 0o555 if member.executable else 0o444)
+            _set_time(fd, member.mtime)
+        finally:
+            os.close(fd)
+
+    def _too_large(self) -> ArchiveTooLarge:
+        return ArchiveTooLarge(f"the archive unpacks to more than {self.max_bytes} bytes, the most a tree may hold")
+
+    def _hard_link(self, member: _Member, base: str, parent: int) -> None:
+        if member.target.startswith("/"):
+            raise UnsafeArchive(f"link {member.name!r} points to the absolute path {member.target!r}")
+        try:
+            target = _parts(member.target, "the target of link")
+        except UnsafeArchive:
+            raise UnsafeArchive(f"link {member.name!r} points outside the directory ({member.target!r})") from None
+        if not target or self.kinds.get("/".join(target)) != "file":
+            raise UnsafeArchive(f"link {member.name!r} points to {member.target!r}, no file unpacked before it")
+        with self._directory(target[:-1]) as source:
+            os.link(target[-1], base, src_dir_fd=source, dst_dir_fd=parent, follow_symlinks=False)
+
+    def finish(self) -> None:
+        """Make the symbolic links, then every directory read-only (the deepest first)."""
+        for parts, target in self.symlinks:
+            with self._directory(parts[:-1], create=True) as parent:
+                os.symlink(target, parts[-1], dir_fd=parent)
+        for name in sorted(self.dirs, key=lambda n: n.count("/"), reverse=True):
+            with self._directory(name.split("/")) as fd:
+                _set_time(fd, self.dirs[name])
+                os.fchmod(fd, 0o555)
+        os.fchmod(self.fd, 0o555)
+
+
+def _set_time(fd: int, mtime: float | None) -> None:
+    """The member's time, when it is one a file can hold."""
+    if mtime is not None and 0 <= mtime < 1 << 33:
+        ns = int(mtime * 1e9)
+        os.utime(fd, ns=(ns, ns))

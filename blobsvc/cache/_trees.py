@@ -1,0 +1,101 @@
+"""The cache's ``unpacked/`` directory: the archives' trees, their records and locks.
+
+    <cache dir>/unpacked/
+      <key>/ , <key>.env/         the trees of archive ``key`` (the default mode's, an
+                                  environment's), read-only
+      .<name>.lock                held while the tree ``name`` is unpacked or removed
+      .<name>.boot                the boot of the host it was unpacked in, and its bytes:
+                                  "<boot id>\\n<bytes>"
+      .unpacking-<name>-<random>  a tree being unpacked, or one a killed unpacker left
+
+Both :mod:`._archives` (which unpacks) and :mod:`._store` (which counts the trees' bytes in
+the cache's total and removes an archive's trees with it) read this layout from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+from ._lock import FileLock
+
+__all__ = ["ENVIRONMENT_SUFFIX", "TEMP_PREFIX", "lock", "read_record", "remove", "remove_all", "sizes", "write_record"]
+
+# An environment's tree is <key>.env, apart from the same archive unpacked by the default rules.
+ENVIRONMENT_SUFFIX = ".env"
+TEMP_PREFIX = ".unpacking-"
+
+
+def lock(root: Path, name: str) -> FileLock:
+    return FileLock(root / f".{name}.lock")
+
+
+def _record(root: Path, name: str) -> Path:
+    return root / f".{name}.boot"
+
+
+def read_record(root: Path, name: str) -> tuple[str, int] | None:
+    """The boot the tree ``name`` was unpacked in and its bytes; None when it has no record
+    (none yet, or one cut short: "unpack again")."""
+    try:
+        boot, _, size = _record(root, name).read_text().partition("\n")
+    except FileNotFoundError:
+        return None
+    return (boot, int(size)) if size.isdigit() else None
+
+
+def write_record(root: Path, name: str, boot: str, size: int) -> None:
+    """Written in place: a record cut short is no record, which only means "unpack again"."""
+    _record(root, name).write_text(f"{boot}\n{size}")
+
+
+def sizes(root: Path) -> dict[str, int]:
+    """The bytes of every archive's trees, by the archive's key."""
+    found: dict[str, int] = {}
+    with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                continue
+            record = read_record(root, entry.name)
+            key = entry.name.removesuffix(ENVIRONMENT_SUFFIX)
+            found[key] = found.get(key, 0) + (record[1] if record else 0)
+    return found
+
+
+def remove(root: Path, name: str) -> None:
+    """Remove a tree and its record; the caller holds the tree's lock."""
+    _record(root, name).unlink(missing_ok=True)  # first: a tree without a record is unpacked again
+    remove_unpacked(root / name)
+
+
+def remove_all(root: Path, key: str) -> bool:
+    """Remove every tree of ``key`` (and their locks) unless one is being unpacked or removed
+    right now: then nothing, and False."""
+    held: list[FileLock] = []
+    try:
+        for name in (key, key + ENVIRONMENT_SUFFIX):
+            tree_lock = lock(root, name)
+            if not tree_lock.acquire(blocking=False):
+                return False
+            held.append(tree_lock)
+        for name, tree_lock in zip((key, key + ENVIRONMENT_SUFFIX), held, strict=True):
+            remove(root, name)
+            tree_lock.unlink()
+        return True
+    finally:
+        for tree_lock in held:
+            tree_lock.release()
+
+
+def remove_unpacked(tree: Path) -> None:
+    """Remove a (read-only) unpacked tree; what is gone already is fine. Its directories are
+    made writable through their own descriptors, so no link in the tree is ever followed."""
+    if not tree.is_dir() or tree.is_symlink():
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(tree, 0o700)
+        for _, _, _, fd in os.fwalk(tree):  # follows no link, top-down: each made writable before its children
+            os.fchmod(fd, 0o700)
+    shutil.rmtree(tree, ignore_errors=True)
