@@ -509,6 +509,14 @@ def test_a_launcher_path_is_quoted_for_the_shell() -> None:
     assert script == b"#!/bin/sh\nexec '/cache/it'\"'\"'s $HOME/x/bin/python' \"$@\"\n"
 
 
+def test_a_launcher_names_its_tree_absolutely_when_the_agent_was_given_a_relative_cache_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    script = launcher_script(Path("cache/unpacked/k.env"))
+    assert script == f'#!/bin/sh\nexec {tmp_path}/cache/unpacked/k.env/bin/python "$@"\n'.encode()
+
+
 @pytest.mark.parametrize(
     ("archive", "name", "launcher", "status", "words"),
     [

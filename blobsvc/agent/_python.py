@@ -25,8 +25,9 @@ __all__ = ["launcher_problem", "launcher_response", "launcher_script"]
 
 
 def launcher_script(tree: Path) -> bytes:
-    """The shell script that runs ``tree``'s Python with the script's arguments."""
-    return f'#!/bin/sh\nexec {shlex.quote(str(tree / "bin" / "python"))} "$@"\n'.encode()
+    """The shell script that runs ``tree``'s Python with the script's arguments. The path is
+    absolute: the script runs in an executor's working directory, not the agent's."""
+    return f'#!/bin/sh\nexec {shlex.quote(str(tree.absolute() / "bin" / "python"))} "$@"\n'.encode()
 
 
 def launcher_problem(tree: Path) -> tuple[int, str] | None:
