@@ -226,8 +226,10 @@ def server_metrics() -> list[Metric]:
         )
         server = BlobServer(settings, ha=ZooKeeperHA(settings))
         server.storage.recover()  # lays out the data directory, as a start does
-        metrics = ServerMetrics(server)
-        families = list(metrics.collect())
+        try:
+            families = list(ServerMetrics(server).collect())
+        finally:
+            server.storage.close()
     found = []
     for family in families:
         name = family.name + "_total" if family.type == "counter" else family.name
