@@ -255,6 +255,9 @@ def render_metrics(rows: list[Row]) -> list[Row]:
             rendered.append(row)
             continue
         members = [metrics[name] for name in written if name in metrics]
+        if len({m.labels for m in members}) > 1:  # one row, one set of labels
+            rows += [[_code(m.name), "", row[2], ""] for m in members]
+            continue
         if not members:
             continue
         abouts = {m["label"]: m["about"] for m in _LABEL.finditer(row[2]) if m["about"]}
