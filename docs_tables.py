@@ -96,26 +96,34 @@ def _keep_order(existing: list[str], wanted: list[str]) -> list[str]:
 # --- settings ----------------------------------------------------------------------------------
 
 
-def _setting_options() -> dict[str, dict[str, list[str]]]:
-    """For each setting, each spelling of its options and the commands that take it (``""``:
-    the group itself, before any command)."""
+def setting_options_by_command() -> list[tuple[str, click.Option]]:
+    """Every option that is a setting, with its command's path (``""``: the group itself,
+    before any command)."""
     from blobsvc.cli import main
+    from blobsvc.config import Settings
 
-    found: dict[str, dict[str, list[str]]] = {}
+    settings = {field.name for field in dataclasses.fields(Settings)}
+    found: list[tuple[str, click.Option]] = []
 
     def walk(command: click.Command, path: str) -> None:
-        for param in command.params:
-            if isinstance(param, click.Option) and param.name is not None:
-                if param.secondary_opts:  # --verify-on-start/--no-verify-on-start
-                    spelling = _code(param.opts[0].replace("--", "--[no-]", 1))
-                else:  # long options first: `-s, --server` and `--server, -s` are one spelling
-                    spelling = ", ".join(_code(opt) for opt in sorted(param.opts, key=lambda opt: opt[1] != "-"))
-                found.setdefault(param.name, {}).setdefault(spelling, []).append(path)
+        found.extend((path, p) for p in command.params if isinstance(p, click.Option) and p.name in settings)
         if isinstance(command, click.Group):
             for name, sub in command.commands.items():
                 walk(sub, f"{path} {name}".strip())
 
     walk(main, "")
+    return found
+
+
+def _setting_options() -> dict[str, dict[str, list[str]]]:
+    """For each setting, each spelling of its options and the commands that take it."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for path, option in setting_options_by_command():
+        if option.secondary_opts:  # --verify-on-start/--no-verify-on-start
+            spelling = _code(option.opts[0].replace("--", "--[no-]", 1))
+        else:  # long options first: `-s, --server` and `--server, -s` are one spelling
+            spelling = ", ".join(_code(opt) for opt in sorted(option.opts, key=lambda opt: opt[1] != "-"))
+        found.setdefault(str(option.name), {}).setdefault(spelling, []).append(path)
     return found
 
 

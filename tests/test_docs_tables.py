@@ -4,6 +4,7 @@ statuses), and the exit statuses' examples run and exit as the table says."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 
 import docs_tables
 from blobsvc.cli import main
+from blobsvc.config import Settings
 
 
 @pytest.mark.parametrize("table", docs_tables.TABLES, ids=lambda table: table.path.name)
@@ -34,3 +36,14 @@ def test_each_exit_status_example_exits_with_it(row: list[str]) -> None:
     if result.exit_code:
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         assert len(errors) == 1, result.stderr
+
+
+def test_every_option_that_is_a_setting_shows_a_default_in_help() -> None:
+    """As the settings table gives it (or the command's own, said in words): never ``[default: ]``."""
+    found = docs_tables.setting_options_by_command()
+    assert found
+    for command, option in found:
+        defaults = re.findall(r"\[default: ([^\]]*)\]", option.help or "")
+        assert len(defaults) == 1, (command, option.name, option.help)
+        shown = defaults[0]
+        assert shown == Settings.default_text(str(option.name)) or " " in shown, (command, option.name, shown)
