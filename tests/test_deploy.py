@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ DEPLOY = ROOT / "deploy"
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
 CONTAINERFILE = DEPLOY / "Containerfile"
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]  # the image's tag
 SETTINGS = {field.name for field in dataclasses.fields(Settings)}
 
 
@@ -113,7 +115,7 @@ def test_the_manifest_runs_the_image_of_the_containerfile_with_commands_and_sett
     manifest: Path,
 ) -> None:
     for container in containers(manifest):
-        assert container["image"].rpartition("/")[2].startswith("blobsvc:"), container["image"]
+        assert container["image"].rpartition("/")[2] == f"blobsvc:{VERSION}", container["image"]
         if container["command"][0] == "blobsvc":
             accepted_by_blobsvc(container["command"])
         settings_accepted({env["name"]: env["value"] for env in container.get("env", []) if "value" in env})
