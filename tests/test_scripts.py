@@ -4,6 +4,7 @@ makes it, prints nothing (setuptools' "Editable installation" banner is filtered
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -30,3 +31,12 @@ def test_the_editable_install_of_scripts_install_prints_no_banner(tmp_path: Path
     )
     assert done.returncode == 0, done.stderr
     assert "Editable installation" not in done.stderr, done.stderr
+
+
+def test_the_readme_and_the_overview_say_what_scripts_test_runs() -> None:
+    steps = re.findall(r'^echo "== (.+)"$', (ROOT / "scripts" / "test").read_text(), re.MULTILINE)
+    assert steps[0] == "ruff" and steps[-1] == "pytest"
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        text = " ".join(page.read_text().split())
+        (said,) = re.findall(r"run the whole suite \((.*?)\):", text)
+        assert all(step in said for step in steps), (page.name, said, steps)
