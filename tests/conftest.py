@@ -23,6 +23,7 @@ from typing import Any
 import blake3
 import pytest
 
+# Shared with the benchmarks; the tests import them from here too.
 from benchmarks.harness.processes import ChildProcess as ChildProcess
 from benchmarks.harness.processes import ServerThread as ServerThread
 from benchmarks.harness.processes import address_text as address_text
