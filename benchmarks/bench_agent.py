@@ -67,6 +67,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.agent import AgentProcess, run_agent, start_agent
+from benchmarks.harness.processes import ServerThread
+from benchmarks.harness.spark import MASTER, start_session
 from blobsvc import BlobClient, Settings
 from blobsvc.bench._measure import (
     MB,
@@ -87,9 +90,6 @@ from blobsvc.bench._measure import (
     recv_into_all,
 )
 from blobsvc.driver._spark_conf import DEFAULT_ALIAS
-from tests.agent_helpers import AgentProcess, run_agent, start_agent
-from tests.conftest import ServerThread
-from tests.spark_helpers import MASTER, start_session
 
 DEFAULT_PACKAGES = "numpy pandas pyarrow scipy"
 MIN_ENV_BYTES = 150 * MB  # the "at least 150 MB", of the packed archive
@@ -123,7 +123,7 @@ def environment_archive(env_dir: Path, packages: Sequence[str], quick: bool) -> 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "--disable-pip-version-check"]
     if quick:
-        from tests.test_spark_environment import probe_wheel
+        from benchmarks.harness.spark import probe_wheel
 
         wheel = probe_wheel(env_dir)
         subprocess.run([*pip, "install", "--quiet", "--no-index", "--no-deps", str(wheel)], check=True, timeout=120)

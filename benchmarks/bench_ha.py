@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.zk import HaServer, ZooKeeper, wait_for_leader
 from blobsvc.client import AsyncBlobClient
-from tests.zk import HaServer, ZooKeeper, wait_for_leader
 
 FAILOVER_GOAL = 3.0
 

@@ -36,8 +36,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.spark import MASTER, start_session
 from blobsvc import BlobServer, Settings
-from tests.spark_helpers import MASTER, start_session
 
 READ_CHUNK = 4 << 20
 

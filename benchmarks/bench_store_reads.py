@@ -7,7 +7,7 @@ server, ``moto[server]``, from the test extra)::
     .venv/bin/python -m benchmarks.bench_store_reads --quick    # a smoke test: 8 MiB, 2 hosts
 
 One run holds a real ZooKeeper, moto's S3 server on 127.0.0.1 (s3fs reaches it through
-``AWS_ENDPOINT_URL`` and fake keys, as tests/s3.py sets them) and two leader
+``AWS_ENDPOINT_URL`` and fake keys, as benchmarks/harness/s3.py sets them) and two leader
 ``blobsvc serve --recovery-mode zookeeper`` children: one whose HA store is a directory
 (a shared mount, as every host would see it), one whose HA store is ``s3://``. The same blob
 is uploaded to both. Each round, ``--hosts`` cache processes, each with its own cache
@@ -45,10 +45,10 @@ from typing import Any
 import blake3
 
 from benchmarks.bench_cache import upload
+from benchmarks.harness.s3 import MotoServer, s3
+from benchmarks.harness.zk import HaServer, ZooKeeper, wait_for_leader
 from blobsvc import BlobCache, BlobClient
 from blobsvc.bench._measure import emit, machine, process_cpu_seconds
-from tests.s3 import MotoServer, s3
-from tests.zk import HaServer, ZooKeeper, wait_for_leader
 
 WAYS = ("server", "directory", "s3")
 FILL_TIMEOUT = 600.0  # one round's fill, on a loaded 2-core machine with moto's S3 at ~100 MB/s

@@ -481,8 +481,9 @@ class Settings:
         value = field.default
         if value is dataclasses.MISSING:
             value = field.default_factory()  # type: ignore[operator]
-        if value is None:
-            return "off" if field.metadata["parse"] in (_seconds_or_off, _size_or_off) else "none"
+        if value is None or value == "":
+            # Unset turns a listener or a limit off; a file, a URL or an address is just not given.
+            return "off" if field.metadata["parse"] in _OFF_WHEN_UNSET else "none"
         if isinstance(value, bool):
             return str(value).lower()
         if field.metadata["parse"] is parse_size:
@@ -531,6 +532,7 @@ class Settings:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+_OFF_WHEN_UNSET = (_seconds_or_off, _size_or_off, _metrics_port, _parse_port)
 _METAVARS: dict[Callable[[Any], Any], str] = {
     _parse_seconds: "SECONDS",
     _seconds_or_off: "SECONDS|off",

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +23,10 @@ from typing import Any
 import blake3
 import pytest
 
+# Shared with the benchmarks; the tests import them from here too.
+from benchmarks.harness.processes import ChildProcess as ChildProcess
+from benchmarks.harness.processes import ServerThread as ServerThread
+from benchmarks.harness.processes import address_text as address_text
 from blobsvc import AsyncBlobClient, BlobServer, Settings
 from blobsvc.storage import BlobStorage
 from blobsvc.wire._protocol import ContentKey, JobBlob
@@ -96,56 +98,11 @@ async def assert_no_staging(data_dir: Path) -> None:
     assert staging_files(data_dir) == [], "staging files left behind"
 
 
-def address_text(address: tuple[str, int]) -> str:
-    return f"{address[0]}:{address[1]}"
-
-
-class ServerThread:
-    """A BlobServer running on its own event loop in a daemon thread."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.loop = asyncio.new_event_loop()
-        self.server = BlobServer(settings)
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-
-    def start(self) -> ServerThread:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(30)
-        return self
-
-    @property
-    def address(self) -> str:
-        return address_text(self.server.address)
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.shutdown(1.0), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
-
-
 @pytest.fixture
 def server_thread(settings: Settings) -> Iterator[ServerThread]:
     running = ServerThread(settings).start()
     yield running
     running.stop()
-
-
-@dataclass
-class ChildProcess:
-    """A ``python -m blobsvc`` process a test started, and ended only by its PID."""
-
-    process: subprocess.Popen[str]
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
-
-    def terminate(self, timeout: float = 15.0) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 import blake3
 import pytest
 
+from benchmarks.harness.agent import AgentProcess, run_agent, start_agent
 from blobsvc import AsyncBlobClient, BlobCache, BlobClient, BlobServer, Settings, new_job_id
 from blobsvc.agent._heartbeat import MAX_INTERVAL, MIN_INTERVAL, Heartbeats
 from blobsvc.agent._python import launcher_script
@@ -29,7 +30,6 @@ from blobsvc.config import package_version
 from blobsvc.http import blob_url, python_path, signed_url
 from blobsvc.wire._protocol import ContentKey, JobBlob
 
-from .agent_helpers import AgentProcess, run_agent, start_agent
 from .conftest import ServerThread, with_secret
 from .test_cache_faults import FaultyProxy, running
 

@@ -23,12 +23,11 @@ import blake3
 import pytest
 import s3fs
 
+from benchmarks.harness.s3 import MotoServer, s3
+from benchmarks.harness.zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 from blobsvc import BlobCache, BlobClient, InternalError, new_job_id
 from blobsvc.ha.store import object_path, open_blob_store
 from blobsvc.wire._protocol import JobBlob
-
-from .s3 import MotoServer, s3
-from .zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 
 pytestmark = pytest.mark.timeout(180)
 MiB = 1 << 20

@@ -26,6 +26,7 @@ import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
 
+from benchmarks.harness.zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 from blobsvc import BlobCache, BlobClient, DigestMismatch, NotFound, NotLeader, Settings, new_job_id
 from blobsvc.cli import main
 from blobsvc.ha import discovery
@@ -34,7 +35,6 @@ from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
 
 from .conftest import ServerThread
 from .test_cache_faults import FaultyProxy
-from .zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -30,6 +30,7 @@ from blobsvc.http import blob_path, blob_url, parse_range, url_signature
 from .conftest import ServerProcess, ServerThread
 
 SECRET = b"http face test secret"
+DOCS = Path(__file__).parent.parent / "docs"
 
 
 @dataclass
@@ -325,6 +326,8 @@ def test_a_binary_client_at_the_http_port_is_told_so_in_one_line(face: Http) -> 
     assert result.output == f"Error: {expected}\n"
     answer = raw_exchange(face.port, b"BLOB\x01\x00")
     assert answer.startswith(b"HTTP/1.1 400 ") and b"binary protocol port" in answer
+    for page in ("http.md", "protocol.md"):  # quoted as it is
+        assert expected.replace(wrong, "`HOST:PORT") + "`" in " ".join((DOCS / page).read_text().split())
 
 
 def test_connections_over_the_shared_limit_get_503(settings: Settings) -> None:

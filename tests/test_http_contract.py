@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.agent import run_agent
 from blobsvc import BlobClient, Settings
 
-from .agent_helpers import run_agent
 from .conftest import ServerThread
 
 

@@ -214,6 +214,24 @@ async def test_metrics_http_serves_them_on_the_http_face_only(settings: Settings
     assert value(samples, "blobsvc_sent_bytes_total") > 2 * len(b"seen over http")  # and the 404's text
 
 
+def ask_http(address: tuple[str, int], method: str) -> bytes:
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(f"{method} /blobs/{'0' * 64} HTTP/1.1\r\nHost: blobs\r\n\r\n".encode())
+        return sock.recv(1 << 16).split(b"\r\n", 1)[0]
+
+
+async def test_http_methods_other_than_get_and_head_count_as_one_op(metered: Settings) -> None:
+    """A client making up methods cannot make up metric labels (or STATUS's counters)."""
+    async with BlobServer(replace(metered, http_port="0")) as server:
+        assert server.http_address is not None
+        for method in ("DELETE", "MADEUP1", "MADEUP2"):
+            assert await asyncio.to_thread(ask_http, server.http_address, method) == b"HTTP/1.1 405 Method Not Allowed"
+        samples = await scrape_async(server)
+        assert {op for op in server.requests if op.startswith("HTTP_")} == {"HTTP_OTHER"}
+    assert value(samples, "blobsvc_requests_total", op="HTTP_OTHER", outcome="405") == 3
+    assert not [labels for name, labels in samples if ("op", "HTTP_MADEUP1") in labels]
+
+
 async def test_a_metrics_port_and_the_http_face_serve_the_same_metrics(metered: Settings) -> None:
     async with BlobServer(replace(metered, http_port="0")) as server:
         assert server.http_address is not None

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness.agent import run_agent
 from blobsvc import AsyncBlobClient, BlobClient, BlobServer, Settings, new_job_id
 from blobsvc._numbers import MAX_DIGITS, TooManyDigits, json_int, parse_decimal
 from blobsvc.config import parse_address, parse_port_range, parse_size
@@ -22,7 +23,6 @@ from blobsvc.http import blob_url
 from blobsvc.server.hosts import COUNTERS, MAX_BYTES_PER_HOST, MAX_HOSTS
 from blobsvc.wire._protocol import MAX_HEARTBEAT_BYTES
 
-from .agent_helpers import run_agent
 from .conftest import ServerProcess, ServerThread, with_secret
 from .test_hosts import exchange
 from .test_http import fetch

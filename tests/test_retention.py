@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
+from benchmarks.harness.zk import running_zookeeper
 from blobsvc import BlobClient, BlobServer, NotFound, Settings
 from blobsvc.ha.coordinator import Standalone, ZooKeeperHA
 from blobsvc.server._retention import READ_GRANULARITY, Retention
@@ -35,7 +36,6 @@ from blobsvc.storage import BlobStorage
 from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
 
 from .conftest import ServerThread, put_streamed, read_blob
-from .zk import running_zookeeper
 
 GRACE = 600.0
 TTL = 3600.0

@@ -20,11 +20,11 @@ from typing import Any
 import blake3
 import pytest
 
+from benchmarks.harness.spark import compile_udf_jar, start_session
 from blobsvc import BlobCache, BlobClient, Settings
 from blobsvc.spark import Shipped, publish
 
 from .conftest import ServerThread
-from .spark_helpers import compile_udf_jar, start_session
 from .test_cache_faults import FaultyProxy, running
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]

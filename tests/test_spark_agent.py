@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness.agent import AgentProcess, run_agent
+from benchmarks.harness.spark import compile_udf_jar, start_session
 from blobsvc import InvalidArgument, Settings
 from blobsvc.spark import Shipped, publish
 
-from .agent_helpers import AgentProcess, run_agent
 from .conftest import ServerThread
-from .spark_helpers import compile_udf_jar, start_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -13,10 +13,10 @@ import blake3
 import pytest
 from click.testing import CliRunner
 
+from benchmarks.harness.agent import run_agent
 from blobsvc import Settings
 from blobsvc.cli import main
 
-from .agent_helpers import run_agent
 from .conftest import ServerThread, with_secret
 
 AGENT = "http://127.0.0.1:6131"

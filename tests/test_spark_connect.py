@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness.spark import compile_udf_jar, start_connect_session
 from blobsvc import Settings
 from blobsvc.spark import publish
 
 from .conftest import ServerThread
-from .spark_helpers import compile_udf_jar, start_connect_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,31 +24,16 @@ import blake3
 import pytest
 from pyspark import SparkConf
 
+from benchmarks.harness.agent import AgentProcess, run_agent
+from benchmarks.harness.spark import ANSWER, PROBE, probe_wheel, start_session
 from blobsvc import BlobClient, InvalidArgument, Settings
 from blobsvc.driver import _digests
 from blobsvc.spark import environment
 
-from .agent_helpers import AgentProcess, run_agent
 from .conftest import ServerThread, with_secret
-from .spark_helpers import start_session
 
-PROBE = "blobsvc_envprobe"  # a package only the packed environment holds
-ANSWER = "probe-1.0"
 TASKS = 8
 AGENT = "http://127.0.0.1:6131"
-
-
-def probe_wheel(directory: Path) -> Path:
-    """A pure-Python wheel of ``blobsvc_envprobe``, written by hand: a wheel is a zip."""
-    path = directory / f"{PROBE}-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as wheel:
-        wheel.writestr(f"{PROBE}/__init__.py", f"ANSWER = {ANSWER!r}\n")
-        wheel.writestr(
-            f"{PROBE}-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: blobsvc-envprobe\nVersion: 1.0\n"
-        )
-        wheel.writestr(f"{PROBE}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        wheel.writestr(f"{PROBE}-1.0.dist-info/RECORD", "")
-    return path
 
 
 def packed_environment(directory: Path) -> Path:

@@ -20,11 +20,11 @@ from typing import Any
 import blake3
 import pytest
 
+from benchmarks.harness.agent import run_agent
 from blobsvc import BlobClient, Settings, new_job_id
 from blobsvc.cache import BlobCache
 from blobsvc.ha.store import FileSystemBlobStore, _LocalFiles, object_path, open_blob_store
 
-from .agent_helpers import run_agent
 from .conftest import ServerThread
 
 MiB = 1 << 20

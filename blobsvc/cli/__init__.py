@@ -38,7 +38,7 @@ from ..server._logs import log_recovery
 from ..server.metrics import MetricsUnavailable
 from ..wire._tls import client_context_for
 from ._cache_cli import cache
-from ._cli_settings import CONFIG_HELP, config_option, load_settings, setting_option
+from ._cli_settings import CONFIG_HELP, config_option, load_settings, setting_help, setting_option
 
 __all__ = ["main"]
 
@@ -174,7 +174,7 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("tls_key", type=click.Path(dir_okay=False, exists=True))
 @setting_option("tls_client_ca", type=click.Path(dir_okay=False, exists=True))
 @setting_option("tls_min_version", type=click.Choice(["1.2", "1.3"]))
-@click.option("--verify-on-start/--no-verify-on-start", default=None, help=Settings.help("verify_on_start"))
+@click.option("--verify-on-start/--no-verify-on-start", default=None, help=setting_help("verify_on_start"))
 @setting_option("metrics_port")
 @setting_option("log_format", type=click.Choice(LOG_FORMATS, case_sensitive=False))
 @setting_option("log_level", type=click.Choice(LOG_LEVELS, case_sensitive=False))

@@ -11,7 +11,7 @@ import click
 
 from ..config import Settings
 
-__all__ = ["config_option", "load_settings", "setting_option"]
+__all__ = ["config_option", "load_settings", "setting_help", "setting_option"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -61,10 +61,15 @@ def setting_option(
         kwargs.update(callback=_checker(name), metavar=Settings.metavar(name))
     if before_command:
         kwargs.update(callback=_remembered(kwargs.get("callback")), expose_value=False)
-    # Not click's show_default: the default must stay None so that "not given" can be told apart.
+    return click.option(flag, *decls, name, default=None, help=setting_help(name, default_text), **kwargs)
+
+
+def setting_help(name: str, default_text: str | None = None) -> str:
+    """Setting ``name``'s help text with its default, as docs/configuration.md gives it.
+    Not click's show_default: an option's default must stay None so that "not given" can be
+    told apart."""
     default = Settings.default_text(name) if default_text is None else default_text
-    help_text = f"{Settings.help(name)}  [default: {default}]"
-    return click.option(flag, *decls, name, default=None, help=help_text, **kwargs)
+    return f"{Settings.help(name)}  [default: {default}]"
 
 
 def _remember_config(ctx: click.Context, _: click.Parameter, value: str | None) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 from .._exceptions import ERRORS
 from ..wire._netio import SocketStream
+from ..wire._protocol import Request
 
-__all__ = ["ABORTED", "RequestObserver", "http_outcome", "op_name", "outcome_name"]
+__all__ = ["ABORTED", "HTTP_OPS", "RequestObserver", "http_outcome", "op_name", "op_names", "outcome_name"]
 
 ABORTED = -1
 """The outcome of a request that ended without an answer: the peer went away, a timeout, shutdown."""
@@ -38,16 +39,32 @@ def outcome_name(outcome: int) -> str:
 
 
 _OPS: dict[type, str] = {}
+HTTP_OPS = ("HTTP_GET", "HTTP_HEAD", "HTTP_OTHER")
+"""The HTTP face's ops: its read methods, and every other method (answered 405) as one, so
+that a client making up methods cannot make up metric labels and counters without end."""
+
+
+def _request_op(kind: type) -> str:
+    return kind.__name__.removesuffix("Request").upper()
 
 
 def op_name(event: Any) -> str:
     """The operation a request asks for: ``GetRequest`` → ``GET``; an HTTP request of the
-    HTTP face (``HttpRequest``) → ``HTTP_GET`` or ``HTTP_HEAD``."""
+    HTTP face (``HttpRequest``) → one of :data:`HTTP_OPS`."""
     kind = type(event)
     name = _OPS.get(kind)
     if name is None:
-        name = _OPS[kind] = kind.__name__.removesuffix("Request").upper()
-    return f"HTTP_{event.method}" if name == "HTTP" else name
+        name = _OPS[kind] = _request_op(kind)
+    if name != "HTTP":
+        return name
+    op = f"HTTP_{event.method}"
+    return op if op in HTTP_OPS else "HTTP_OTHER"
+
+
+def op_names() -> list[str]:
+    """Every op a request is counted under (metrics, request logs, STATUS's ``requests``): the
+    binary protocol's requests, then the HTTP face's."""
+    return [_request_op(kind) for kind in get_args(Request)] + list(HTTP_OPS)
 
 
 def http_outcome(status: int) -> int:

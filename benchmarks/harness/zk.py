@@ -19,7 +19,7 @@ from blobsvc.ha.discovery import LeaderResolver
 if TYPE_CHECKING:  # benchmarks/bench_ha.py imports this module without pytest
     import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "zookeeper"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "zookeeper"
 START_TIMEOUT = 90.0  # the JVM starts slowly on a loaded 2-core machine
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .conftest import ChildProcess
+from .processes import ChildProcess
 
 START_WAIT = 30.0  # seconds: the agent opens (and checks) its cache before it listens
 

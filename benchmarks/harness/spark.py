@@ -1,7 +1,7 @@
 """Real PySpark on ``local-cluster[2,1,1024]``, bound to loopback, for the Spark tests and
 the Spark benchmark: two executor JVMs, each with its own Python workers.
 
-Functions that tasks run must not come from here: executors cannot import the tests package.
+Functions that tasks run must not come from here: executors cannot import this package.
 """
 
 from __future__ import annotations
@@ -111,3 +111,20 @@ def compile_udf_jar(directory: Path) -> Path:
         for path in classes.rglob("*.class"):
             out.write(path, path.relative_to(classes).as_posix())
     return jar
+
+
+PROBE = "blobsvc_envprobe"  # a package only the packed environment holds
+ANSWER = "probe-1.0"
+
+
+def probe_wheel(directory: Path) -> Path:
+    """A pure-Python wheel of ``blobsvc_envprobe``, written by hand: a wheel is a zip."""
+    path = directory / f"{PROBE}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(f"{PROBE}/__init__.py", f"ANSWER = {ANSWER!r}\n")
+        wheel.writestr(
+            f"{PROBE}-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: blobsvc-envprobe\nVersion: 1.0\n"
+        )
+        wheel.writestr(f"{PROBE}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{PROBE}-1.0.dist-info/RECORD", "")
+    return path
