@@ -339,6 +339,11 @@ class Settings:
     ha_dir: str = _setting(
         "", str, "HA blob store shared by the cluster: a directory or an fsspec URL (file://, s3://, …)."
     )
+    ha_create_bucket: bool = _setting(
+        False,
+        _parse_bool,
+        "Create the HA store's bucket (s3://, gs://, …) when it does not exist; without it a missing one is an error.",
+    )
     zookeeper_session_timeout: float = _setting(
         10.0, _parse_seconds, "Seconds a server's ZooKeeper session outlives a lost connection; bounds failover time."
     )

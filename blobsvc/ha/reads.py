@@ -52,12 +52,14 @@ class StoreCopyRefused(DigestMismatch):
 
 
 class StoreReader:
-    """Reads content objects of the HA store at ``location`` (a directory or an fsspec URL)."""
+    """Reads content objects of the HA store at ``location`` (a directory or an fsspec URL),
+    connecting within ``connect_timeout`` (on ``s3://``; other backends keep their own)."""
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, *, connect_timeout: float | None = None) -> None:
         self.location = location
         try:
-            self._files: Any = open_files(location)
+            # One try, bounded: a cache whose store read fails has the server to fall back on.
+            self._files: Any = open_files(location, connect_timeout=connect_timeout, attempts=1)
         except ImportError as exc:  # fsspec, or the backend of the URL's scheme (s3fs, gcsfs…)
             raise StoreUnreadable(f"cannot open the store {location}: {exc}") from None
         except (OSError, ValueError) as exc:
