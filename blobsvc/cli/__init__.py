@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import functools
 import importlib.util
 import json
@@ -38,7 +39,7 @@ from ..server._logs import log_recovery
 from ..server.metrics import MetricsUnavailable
 from ..wire._tls import client_context_for
 from ._cache_cli import cache
-from ._cli_settings import CONFIG_HELP, config_option, load_settings, setting_option
+from ._cli_settings import CONFIG_HELP, config_option, given_before, load_settings, setting_option
 
 __all__ = ["main"]
 
@@ -288,10 +289,11 @@ async def _serve_agent(settings: Settings) -> None:
     stop = _stop_on_signals(host_agent.slots.abort)
     click.echo("agent listening on {}:{}".format(*host_agent.address))
     sys.stdout.flush()
-    logging.getLogger("blobsvc.agent").info("agent for %s, cache %s", settings.server, settings.cache_dir)
+    agent_log = logging.getLogger("blobsvc.agent")
+    agent_log.info("agent for %s, cache %s", settings.server, settings.cache_dir)
     serving = asyncio.create_task(host_agent.serve_forever())
     await stop.wait()
-    log.info("shutting down")
+    agent_log.info("shutting down")
     await host_agent.shutdown()
     serving.cancel()
 
@@ -413,8 +415,9 @@ async def status(client: AsyncBlobClient, as_json: bool, hosts: bool) -> None:
     """Print a server's version, uptime, role, blobs and bytes stored, free disk,
     connections and requests served; exit 1 when it cannot be reached.
 
-    With --hosts: each executor host's agent address, host name, state (live, or LOST when
-    it has not sent a heartbeat for agent_lost_after seconds), version, cache bytes and limit,
+    With --hosts: each executor host's agent address, host name, state (live; stopped when
+    its agent said goodbye as it shut down; LOST when it has not sent a heartbeat for
+    agent_lost_after seconds), version, cache bytes and limit,
     hits, misses, jobs held, and when it was last heard from.
     """
     if hosts:
@@ -425,9 +428,42 @@ async def status(client: AsyncBlobClient, as_json: bool, hosts: bool) -> None:
         click.echo(json.dumps(info, sort_keys=True))
         return
     for name, value in info.items():
+        click.echo(f"{name.replace('_', ' ')}: {_status_text(name, value, info)}")
+
+
+def _status_text(name: str, value: Any, info: dict[str, Any]) -> str:
+    """One STATUS field as a person reads it (``--json`` keeps the values as they are)."""
+    if name == "started" and isinstance(value, int | float):
+        when = datetime.datetime.fromtimestamp(value, datetime.UTC).isoformat(timespec="seconds")
+        uptime = info.get("uptime_seconds")
+        return when.replace("+00:00", "Z") + (f" (up {_duration(uptime)})" if isinstance(uptime, int | float) else "")
+    if isinstance(value, dict):
+        return " ".join(f"{k}={_status_text(k, v, info)}" for k, v in sorted(_flat(value).items())) or "-"
+    if value is None:
+        return "off" if name.endswith("_address") else "-"
+    return str(value)
+
+
+def _flat(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested fields under dotted names: ``{"deleted": {"ttl": 0}}`` as ``deleted.ttl``."""
+    flat: dict[str, Any] = {}
+    for name, value in fields.items():
         if isinstance(value, dict):
-            value = " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
-        click.echo(f"{name.replace('_', ' ')}: {value}")
+            flat.update(_flat(value, f"{prefix}{name}."))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def _duration(seconds: float) -> str:
+    """``3 d 4 h``, ``2 h 5 min``, ``4 min 10 s``, ``12 s``: the two largest units."""
+    left = int(seconds)
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if left >= size or (unit == "s" and not parts):
+            parts.append(f"{left // size} {unit}")
+            left %= size
+    return " ".join(parts[:2])
 
 
 def _print_hosts(listing: dict[str, Any], as_json: bool) -> None:
@@ -445,7 +481,7 @@ def _print_hosts(listing: dict[str, Any], as_json: bool) -> None:
         [
             str(host.get("agent")),
             host.get("host") or "-",
-            "live" if host.get("state") == "live" else "LOST",
+            {"live": "live", "stopped": "stopped"}.get(host.get("state"), "LOST"),
             host.get("version") or "-",
             f"cache {_bytes_text(host.get('cache_bytes'))}/{_bytes_text(host.get('cache_max_bytes'))}",
             f"hits {_count_text(host.get('hits'))}",
@@ -606,7 +642,12 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
 
 
 @main.command()
-@click.option("-s", "--server", default=None, help="HOST:PORT of the server to measure [default: a fresh local one].")
+@click.option(
+    "-s",
+    "--server",
+    default=None,
+    help="HOST:PORT of the server to measure, here or before the command [default: a fresh local one].",
+)
 @click.option("--quick", is_flag=True, help="Tiny sizes and counts: proves the bench runs, measures little.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw the results into this PNG.")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), help="Parent of the bench's files [default: $TMPDIR].")
@@ -651,11 +692,13 @@ def bench(
     from .. import bench as benchmark
     from ..bench import _measure
 
+    ctx = click.get_current_context()
+    server = server or given_before(ctx, "server")  # blobsvc -s HOST:PORT bench, as other commands take it
     if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise click.ClickException("--plot needs matplotlib: pip install 'blobsvc[bench]'")
     if server is None and any(value is not None for value in access.values()):
         raise click.UsageError("--secret-file and --tls-* go with --server: the bench's own server uses neither")
-    settings = load_settings(click.get_current_context(), access) if server is not None else None
+    settings = load_settings(ctx, access) if server is not None else None
     if settings is not None:
         with _one_line_errors():  # an empty secret file, TLS files that do not fit: before any work
             settings.secret()
