@@ -364,7 +364,9 @@ class Settings:
         10.0, _parse_seconds, "Seconds to wait for a connection (a server's first to ZooKeeper too, then it exits 1)."
     )
     timeout: float = _setting(60.0, _parse_seconds, "Seconds a client waits for a byte before giving up.")
-    retries: int = _setting(3, _parse_count, "Attempts after the first for a failed connection or read.")
+    retries: int = _setting(
+        3, _parse_count, "Attempts after the first for a failed connection or read (commands: not for a refused one)."
+    )
     tls_ca: Path | None = _setting(
         None,
         _optional_path,

@@ -307,7 +307,7 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
         settings = load_settings(ctx, {name: args.pop(name) for name in CLIENT_SETTINGS})
 
         async def go() -> None:
-            async with AsyncBlobClient.from_settings(settings) as client:
+            async with AsyncBlobClient.from_settings(settings, one_shot=True) as client:
                 await func(client, **args)
 
         _run(go())
