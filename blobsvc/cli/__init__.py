@@ -32,6 +32,7 @@ from ..agent import Agent
 from ..client import AsyncBlobClient, BlobInfo, Progress
 from ..config import LOG_FORMATS, LOG_LEVELS, Settings, parse_size
 from ..driver import _spark_conf
+from ..driver._contents import arrow_warning
 from ..http import blob_url
 from ..server import BlobServer
 from ..server._logs import configure as configure_logs
@@ -587,6 +588,19 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
     type=click.Path(dir_okay=False, exists=True),
     help="A jar for spark.jars (repeatable).",
 )
+@click.option(
+    "--deploy-mode",
+    type=click.Choice(["client", "cluster"]),
+    default="client",
+    show_default=True,
+    help="spark-submit's: in client mode the driver runs here, in --driver-python, not the environment.",
+)
+@click.option(
+    "--driver-python",
+    metavar="PYTHON",
+    help="The client-mode driver's Python (spark.pyspark.driver.python) "
+    "[default: $PYSPARK_DRIVER_PYTHON, else the Python running blobsvc].",
+)
 @setting_option("agent_url", "--agent")
 @click.option(
     "--expires-in",
@@ -598,7 +612,8 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
 @client_options
 @click.pass_context
 def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpack: str, jars: tuple[str, ...],
-               agent_url: str | None, expires_in: float, **options: Any) -> None:  # fmt: skip
+               deploy_mode: str, driver_python: str | None, agent_url: str | None, expires_in: float,
+               **options: Any) -> None:  # fmt: skip
     """Upload a packed Python environment and jars, and print the --conf arguments that have
     spark-submit fetch them through each host's blobsvc agent.
 
@@ -612,11 +627,19 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
     for the host) and spark.pyspark.python (./ALIAS-python); with --unpack spark,
     spark.archives (URL#ALIAS) and spark.pyspark.python (./ALIAS/bin/python); and spark.jars.
     The URLs name the agent (--agent or BLOBSVC_AGENT_URL), the same on every host, the
-    driver's included; they are signed when --secret-file is set. In client mode give the
-    driver a local Python too: PYSPARK_DRIVER_PYTHON=python.
+    driver's included; they are signed when --secret-file is set. In client mode (--deploy-mode
+    client, spark-submit's default) the driver runs here, from no executor's directory, so
+    spark.pyspark.driver.python names a local Python (--driver-python): spark.pyspark.python
+    would win over PYSPARK_DRIVER_PYTHON otherwise.
+
+    The environment must hold bin/python at its root, or it is refused before anything is
+    uploaded; one without pyarrow and pandas gets a warning on stderr (Python UDFs run with
+    Arrow in Spark 4, pandas UDFs always).
     """
     if environment is None and not jars:
         raise click.UsageError("give --environment, --jar or both")
+    if driver_python is not None and (deploy_mode == "cluster" or environment is None):
+        raise click.UsageError("--driver-python goes with --environment in --deploy-mode client")
     settings = load_settings(ctx, {**options, "agent_url": agent_url})
     with _one_line_errors():
         archive = None if environment is None else _spark_conf.archive_path(environment)
@@ -626,6 +649,12 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
         if len(set(names)) < len(names):
             raise InvalidArgument("two jars have one file name: Spark's fetcher puts both in one directory")
         agent = _spark_conf.agent_url(settings, "give --agent, or set BLOBSVC_AGENT_URL")
+        if archive is not None:
+            contents = _spark_conf.environment_contents(archive, settings)
+            when = "an application's Python UDFs (with Arrow: Spark 4's default) and pandas UDFs"
+            warning = arrow_warning(archive.name, contents, when)
+            if warning is not None:
+                click.echo(f"Warning: {warning}", err=True)
         keys = {}
         with _spark_conf.blob_client(settings) as client:
             for path in [*jar_paths, *([archive] if archive else [])]:
@@ -636,6 +665,9 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
             conf = _spark_conf.environment_conf(
                 agent, keys[archive], archive, alias, settings, unpack=unpack, expires_in=expires_in
             )
+            if deploy_mode == "client":
+                python = driver_python or os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable
+                conf["spark.pyspark.driver.python"] = python
     if jar_paths:
         conf["spark.jars"] = ",".join(urls[path] for path in jar_paths)
     click.echo(shlex.join(word for name, value in conf.items() for word in ("--conf", f"{name}={value}")))
