@@ -252,7 +252,11 @@ def test_a_missing_bucket_is_an_error_naming_it_unless_the_server_is_asked_to_cr
     assert s3().exists(bucket)
     with _client(leader.address) as client:
         key = client.put(b"in a bucket made on request")
-    assert _s3_object(f"s3://{bucket}/ha/made", key) == b"in a bucket made on request"
+        assert _s3_object(f"s3://{bucket}/ha/made", key) == b"in a bucket made on request"
+        s3().rm(bucket, recursive=True)  # gone while the server runs: no write makes it again
+        with pytest.raises(InternalError, match=r"could not store .*not acknowledged"):
+            client.put(b"never acknowledged")
+    assert not s3().exists(bucket)
 
 
 def test_a_server_whose_store_cannot_be_reached_exits_at_start_in_one_line(

@@ -28,7 +28,7 @@ import pytest
 from pyspark import SparkConf
 
 from blobsvc import BlobClient, InvalidArgument, Settings
-from blobsvc.driver import _digests
+from blobsvc.driver import _contents, _digests
 from blobsvc.spark import environment
 
 from .agent_helpers import AgentProcess, run_agent
@@ -162,6 +162,7 @@ def test_an_archive_the_server_holds_is_neither_read_nor_sent_again(
     environment(blobsvc_conf(server_thread, tmp_path), archive, agent=AGENT)
     puts = server_thread.server.requests["PUT"]
     monkeypatch.setattr(_digests, "hash_file", lambda path: pytest.fail("read again"))
+    monkeypatch.setattr(_contents, "_read", lambda path: pytest.fail("listed again"))
     conf = environment(blobsvc_conf(server_thread, tmp_path), archive, agent=AGENT)
     assert server_thread.server.requests["PUT"] == puts, "no bytes sent"
     assert f"/python/{blake3.blake3(archive.read_bytes()).hexdigest()}/" in conf.get("spark.files", "")

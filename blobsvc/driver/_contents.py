@@ -81,17 +81,23 @@ def arrow_warning(name: str, contents: Contents, when: str) -> str | None:
 
 
 def _members(path: Path) -> Iterator[str]:
-    """The archive's member names, without a leading ``./`` or a trailing ``/``."""
+    """The archive's member names, without a leading ``./`` or a trailing ``/``. A tar is
+    read header by header (a compressed one decompressed as far as it is read), nothing
+    extracted."""
     if path.name.lower().endswith(".zip"):
         with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-    else:
-        with tarfile.open(path) as archive:
-            names = [member.name for member in archive]  # iterates headers, not extracting
-    for name in names:
-        while name.startswith("./"):
-            name = name[2:]
-        yield name.rstrip("/")
+            names: Iterator[str] = iter(archive.namelist())
+            yield from map(_plain, names)
+        return
+    with tarfile.open(path) as archive:
+        for member in archive:
+            yield _plain(member.name)
+
+
+def _plain(name: str) -> str:
+    while name.startswith("./"):
+        name = name[2:]
+    return name.rstrip("/")
 
 
 def _read(path: Path) -> Contents:
@@ -105,6 +111,8 @@ def _read(path: Path) -> Contents:
             found = _MODULE.search(name)
             if found and found.group(1) in ARROW_MODULES:
                 modules.add(found.group(1))
+            if python and len(modules) == len(ARROW_MODULES):
+                break  # all there: the rest of a large tar.gz need not be decompressed
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
         raise InvalidArgument(f"cannot read {path.name} as an archive: {exc}") from None
     return Contents(python, nested, frozenset(modules))
