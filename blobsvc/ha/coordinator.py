@@ -38,7 +38,7 @@ from ..storage import BlobStorage, StagedUpload
 from ..storage._layout import key_from_filename
 from ..wire._protocol import ContentKey, JobBlob, WholeJob
 from .discovery import INSTALL_HINT, ZkPaths, check_cluster_id, connect_zookeeper, require_kazoo
-from .store import FileSystemBlobStore, check_store, open_blob_store
+from .store import FileSystemBlobStore, check_store, failure, open_blob_store
 
 __all__ = ["HighAvailability", "Standalone", "ZooKeeperHA", "high_availability"]
 
@@ -224,7 +224,7 @@ class ZooKeeperHA:
         except BlobError:
             raise
         except Exception as exc:
-            cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+            cause = failure(exc)
             self._store_error = cause
             message = f"the HA store {self.blobs.location} {failed}: {cause}"
             log.warning("%s", message)
@@ -294,7 +294,7 @@ class ZooKeeperHA:
             try:
                 self._ha_blobs = self.blobs.count()
             except Exception as exc:  # a backend's own errors (botocore's) are not OSErrors
-                self._store_error = " ".join(f"{type(exc).__name__}: {exc}".split())
+                self._store_error = failure(exc)
                 log.warning("could not count the HA store's blobs: %s", self._store_error)
             else:
                 self._store_error = None

@@ -38,7 +38,7 @@ from typing import Any
 import blake3
 
 from .._exceptions import DigestMismatch
-from .store import object_path, open_files
+from .store import failure, object_path, open_files
 
 __all__ = ["StoreCopyRefused", "StoreReader", "StoreUnreadable"]
 
@@ -81,7 +81,7 @@ class StoreReader:
         try:
             stored = self._files.size(path)
         except Exception as exc:  # a backend's own errors (botocore's, say) are not OSErrors
-            raise StoreUnreadable(f"cannot reach the store {self.location}: {_reason(exc)}") from None
+            raise StoreUnreadable(f"cannot reach the store {self.location}: {failure(exc)}") from None
         if stored is None:
             raise StoreUnreadable(f"the store {self.location} has no copy of {key}")
         if stored != size:
@@ -122,7 +122,7 @@ class StoreReader:
                 except FileNotFoundError:
                     raise StoreUnreadable(f"the store {self.location} has no copy of {key}") from None
                 except Exception as exc:  # OSError, or a backend's own (botocore's are not OSErrors)
-                    raise StoreUnreadable(f"reading {key} from {self.location} failed: {_reason(exc)}") from None
+                    raise StoreUnreadable(f"reading {key} from {self.location} failed: {failure(exc)}") from None
                 if not chunk:
                     break
                 chunk = chunk[:missing]  # never past the room reserved for the blob
@@ -140,7 +140,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

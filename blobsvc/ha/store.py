@@ -74,6 +74,7 @@ __all__ = [
     "FileSystemBlobStore",
     "VoidBlobStore",
     "check_store",
+    "failure",
     "object_path",
     "open_blob_store",
     "open_files",
@@ -649,12 +650,13 @@ def check_store(location: str | os.PathLike[str], *, create_bucket: bool, connec
     except OSError as exc:
         if files.location in str(exc):
             raise
-        raise OSError(f"the HA store {files.location} cannot be used: {_reason(exc)}") from None
+        raise OSError(f"the HA store {files.location} cannot be used: {failure(exc)}") from None
     except Exception as exc:  # a backend's own errors (botocore's) are not OSErrors
-        raise OSError(f"the HA store {files.location} cannot be reached: {_reason(exc)}") from None
+        raise OSError(f"the HA store {files.location} cannot be reached: {failure(exc)}") from None
 
 
-def _reason(exc: BaseException) -> str:
+def failure(exc: BaseException) -> str:
+    """A store's failure on one line: its type (a backend's own, botocore's say) and its text."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
