@@ -656,7 +656,7 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
             if warning is not None:
                 click.echo(f"Warning: {warning}", err=True)
         keys = {}
-        with _spark_conf.blob_client(settings) as client:
+        with _spark_conf.blob_client(settings, one_shot=True) as client:
             for path in [*jar_paths, *([archive] if archive else [])]:
                 keys[path], _ = _spark_conf.ship(client, path, settings.cache_dir / "digests")
         urls = {path: _spark_conf.url(agent, keys[path], path, settings, expires_in) for path in jar_paths}

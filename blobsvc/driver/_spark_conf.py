@@ -103,7 +103,9 @@ def agent_url(settings: Settings, how: str) -> str:
     return settings.agent_url
 
 
-def blob_client(settings: Settings) -> BlobClient:
+def blob_client(settings: Settings, *, one_shot: bool = False) -> BlobClient:
+    """A client of the server ``settings`` name; ``one_shot`` for a command (see
+    :class:`~blobsvc.client.AsyncBlobClient`: a refused connection is not retried)."""
     return BlobClient(
         settings.server,
         secret=settings.secret(),
@@ -111,6 +113,7 @@ def blob_client(settings: Settings) -> BlobClient:
         connect_timeout=settings.connect_timeout,
         timeout=settings.timeout,
         retries=settings.retries,
+        one_shot=one_shot,
     )
 
 
