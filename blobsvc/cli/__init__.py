@@ -32,7 +32,6 @@ from ..agent import Agent
 from ..client import AsyncBlobClient, BlobInfo, Progress
 from ..config import LOG_FORMATS, LOG_LEVELS, Settings, parse_size
 from ..driver import _spark_conf
-from ..driver._contents import arrow_warning
 from ..http import blob_url
 from ..server import BlobServer
 from ..server._logs import configure as configure_logs
@@ -650,6 +649,8 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
             raise InvalidArgument("two jars have one file name: Spark's fetcher puts both in one directory")
         agent = _spark_conf.agent_url(settings, "give --agent, or set BLOBSVC_AGENT_URL")
         if archive is not None:
+            from ..driver._contents import arrow_warning
+
             contents = _spark_conf.environment_contents(archive, settings)
             when = "an application's Python UDFs (with Arrow: Spark 4's default) and pandas UDFs"
             warning = arrow_warning(archive.name, contents, when)
