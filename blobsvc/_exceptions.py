@@ -116,7 +116,11 @@ class TransportError(BlobError):
 
 
 class ConnectError(TransportError):
-    """The server could not be reached."""
+    """The server could not be reached. ``nobody_there`` is true when its name does not
+    resolve or every address it resolves to refused the connection: an answer, not a
+    transient fault, for a one-shot command (a long-lived client's server may be restarting)."""
+
+    nobody_there: bool = False
 
 
 class TLSError(ConnectError):

@@ -455,6 +455,13 @@ class AsyncBlobClient:
     connection TLS, checking the server's certificate against the host name in ``server``.
     Use as ``async with AsyncBlobClient(...) as client:``. Fork-safe: a forked child drops
     the pooled connections it inherited and connects afresh.
+
+    ``one_shot`` is for a command that asks once and exits (the ``blobsvc`` CLI): a refused
+    connection and a name that does not resolve (``ConnectError.nobody_there``) end the
+    request at once, since nobody serves there. A long-lived client (the default: a cache,
+    an agent, a driver) retries them, as a server restarting or failing over refuses
+    connections for a moment; with a ``zk://`` server a refused connection always looks the
+    leader up again.
     """
 
     def __init__(
@@ -467,6 +474,7 @@ class AsyncBlobClient:
         retries: int = 3,
         backoff: float = 0.1,
         tls: ssl.SSLContext | None = None,
+        one_shot: bool = False,
     ) -> None:
         self._resolver = LeaderResolver(server) if is_zk_url(server) else None
         self._located = self._resolver is None
@@ -478,13 +486,14 @@ class AsyncBlobClient:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.one_shot = one_shot
         self._idle: list[_Channel] = []
         self._open: weakref.WeakSet[_Channel] = weakref.WeakSet()  # idle or in use: what a fork closes
         self._state = _State.OPEN
         _pools.add(self)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> AsyncBlobClient:
+    def from_settings(cls, settings: Settings, *, one_shot: bool = False) -> AsyncBlobClient:
         """A client of ``settings.server`` with its secret, TLS files, timeouts and retries."""
         return cls(
             settings.server,
@@ -493,6 +502,7 @@ class AsyncBlobClient:
             timeout=settings.timeout,
             retries=settings.retries,
             tls=client_context_for(settings),
+            one_shot=one_shot,
         )
 
     @property
@@ -813,14 +823,20 @@ class AsyncBlobClient:
             except (TransportError, Busy, NotLeader) as exc:
                 if isinstance(exc, NotLeader) and self._resolver is None:
                     raise
-                if number + 1 == tries or isinstance(exc, TLSError):
+                if number + 1 == tries or isinstance(exc, TLSError) or self._answered(exc):
                     where = "" if self.server in str(exc) else f"server {self.server}, "
                     attempts = f"{number + 1} attempt{'s' if number else ''}"
-                    raise type(exc)(f"{exc} ({where}{attempts})") from exc
+                    final = type(exc)(f"{exc} ({where}{attempts})")
+                    final.__dict__.update(exc.__dict__)  # what it says besides its message (nobody_there)
+                    raise final from exc
                 self._lose_leader(exc)
             delay = min(MAX_BACKOFF, self.backoff * 2**number) * random.uniform(0.5, 1.5)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _answered(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the answer of a one-shot request: nobody serves at the address."""
+        return self.one_shot and self._resolver is None and isinstance(exc, ConnectError) and exc.nobody_there
 
     async def _locate(self) -> None:
         """With a ``zk://`` URL, find the leader if the last one failed (or at first use)."""

@@ -346,6 +346,11 @@ class Settings:
     ha_dir: str = _setting(
         "", str, "HA blob store shared by the cluster: a directory or an fsspec URL (file://, s3://, …)."
     )
+    ha_create_bucket: bool = _setting(
+        False,
+        _parse_bool,
+        "Create the HA store's bucket (s3://, gs://, …) when it does not exist; without it a missing one is an error.",
+    )
     zookeeper_session_timeout: float = _setting(
         10.0, _parse_seconds, "Seconds a server's ZooKeeper session outlives a lost connection; bounds failover time."
     )
@@ -366,7 +371,9 @@ class Settings:
         10.0, _parse_seconds, "Seconds to wait for a connection (a server's first to ZooKeeper too, then it exits 1)."
     )
     timeout: float = _setting(60.0, _parse_seconds, "Seconds a client waits for a byte before giving up.")
-    retries: int = _setting(3, _parse_count, "Attempts after the first for a failed connection or read.")
+    retries: int = _setting(
+        3, _parse_count, "Attempts after the first for a failed connection or read (commands: not for a refused one)."
+    )
     tls_ca: Path | None = _setting(
         None,
         _optional_path,

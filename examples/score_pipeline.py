@@ -46,7 +46,10 @@ def run(spark: Any, workdir: Path) -> list[tuple[str, float]]:
     from blobsvc.spark import publish
 
     with publish(spark, files=[HERE / "lexicon.json"], py_files=[zip_package(workdir)]) as shipped:
-        # No type hints on a UDF: PySpark would read them as a pandas UDF's.
+        # No type hints on a UDF: PySpark would read them as a pandas UDF's. useArrow=False:
+        # rows pickled one at a time. PySpark 4 would otherwise run it with Arrow whenever the
+        # driver has pyarrow and pandas, and then every executor's Python must have them too
+        # (docs/spark.md, "What the environment must hold"); this pipeline needs neither.
         @F.udf(returnType=DoubleType(), useArrow=False)
         def score_review(text):  # type: ignore[no-untyped-def]
             import sentiment  # shipped as sentiment.zip: importable in every task

@@ -80,11 +80,34 @@ def test_a_bad_argument_is_a_one_line_usage_error(
     assert says in error_line(output)
 
 
-def test_a_refused_connection_names_the_address_once() -> None:
+@pytest.mark.parametrize("command", [["stat", KEY], ["status"], ["put", "setup.cfg"]])
+def test_a_refused_connection_is_an_answer_said_once_without_retries(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A one-shot command does not retry a refused connection (``--retries 3``, the
+    default, would take seconds of back-off to say the same)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "setup.cfg").write_text("x")
     address = refused_address()
-    code, output = run("stat", KEY, "-s", address, "--retries", "1")
+    code, output = run(*command, "-s", address, "--retries", "3")
     assert code == 1
-    assert error_line(output) == f"Error: cannot connect to {address}: Connection refused (2 attempts)"
+    assert error_line(output) == f"Error: cannot connect to {address}: Connection refused (1 attempt)"
+
+
+def test_a_name_that_does_not_resolve_is_an_answer_said_once_without_retries() -> None:
+    code, output = run("status", "-s", "no-such-host.invalid:6130", "--retries", "3")
+    assert code == 1
+    line = error_line(output)
+    assert line.startswith("Error: cannot resolve no-such-host.invalid: ") and line.endswith(", 1 attempt)")
+
+
+def test_a_long_lived_client_retries_a_refused_connection() -> None:
+    """A cache's or a driver's server may be restarting: BlobClient keeps its retries."""
+    address = refused_address()
+    with BlobClient(address, retries=2, backoff=0.01) as client, pytest.raises(ConnectError) as refused:
+        client.status()
+    assert refused.value.nobody_there
+    assert str(refused.value) == f"cannot connect to {address}: Connection refused (3 attempts)"
 
 
 def test_an_empty_host_means_this_host() -> None:

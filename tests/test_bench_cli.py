@@ -102,6 +102,19 @@ def test_bench_without_the_secret_of_a_server_that_requires_one_says_so(
     assert "Traceback" not in result.output
 
 
+def test_server_given_before_the_command_is_the_one_measured(
+    spawn_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """``blobsvc -s HOST:PORT bench``, as every client command takes -s: never a silent local server."""
+    server = spawn_server()
+    cell = ["--size", "4KiB", "--connections", "1"]
+    args = ["-s", server.address, "bench", "--quick", "--tmp-dir", str(tmp_path), *cell]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    setup = next(json.loads(line) for line in result.stdout.splitlines() if '"setup"' in line)
+    assert setup["server"] == server.address
+
+
 def test_bench_access_options_go_with_server(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text("s\n")
     result = CliRunner().invoke(main, ["bench", "--quick", "--secret-file", str(tmp_path / "secret")])

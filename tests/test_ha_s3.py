@@ -14,6 +14,10 @@ import multiprocessing
 import os
 import re
 import secrets
+import socket
+import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,22 +198,74 @@ def test_with_the_s3_endpoint_down_puts_fail_in_one_line_and_nothing_unstored_is
             message = str(failed.value)
             assert "\n" not in message
             assert "s3://down/ha/down could not store" in message and "not acknowledged" in message
+            assert "EndpointConnectionError" in str(client.status()["ha_store_error"])  # status says it too
             assert bytes(client.get(stored)) == b"stored before the endpoint went"  # its own disk has it
             # Not on its disk: the leader asks the store, and says in one line that it cannot.
             with pytest.raises(InternalError, match=r"^the HA store s3://down/ha/down could not be read: [^\n]+$"):
                 client.stat(blake3.blake3(b"never acknowledged").hexdigest())
         # This process's caches too look for the bucket at the dead endpoint (fsspec keeps
-        # one filesystem per set of options, made from the environment as it was then).
+        # one filesystem per set of options, made from the environment as it was then),
+        # with botocore's own retries this time: the cache tries the store once.
         monkeypatch.setenv("AWS_ENDPOINT_URL", own.endpoint)
-        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
         s3fs.S3FileSystem.clear_instance_cache()
-        with BlobCache(leader.address, tmp_path / "cache", retries=0) as cache:
+        began = time.monotonic()
+        with BlobCache(leader.address, tmp_path / "cache", retries=0, connect_timeout=2) as cache:
             assert cache.path(stored).read_bytes() == b"stored before the endpoint went"
             stats = cache.stats()
+        # A refused connection, tried once: far below botocore's five tries with back-off (16 s).
+        assert time.monotonic() - began < 5
         assert (stats.store_fallbacks, stats.bytes_fetched) == (1, 31)
     finally:
         own.stop()
         s3fs.S3FileSystem.clear_instance_cache()  # the next test's filesystems see its endpoint
+
+
+def _serve_fails(zookeeper: ZooKeeper, ha_dir: str, data_dir: Path, *extra: str, **env: str) -> str:
+    """``blobsvc serve`` in zookeeper mode that must exit 1 at start: its stderr."""
+    command = [
+        sys.executable, "-m", "blobsvc", "serve", "--port", "0", "--data-dir", str(data_dir),
+        "--recovery-mode", "zookeeper", "--zookeeper", zookeeper.hosts, "--ha-dir", ha_dir,
+        "--connect-timeout", "2", "--log-level", "warning", *extra,
+    ]  # fmt: skip
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 1 and not done.stdout, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
+    return lines[0]
+
+
+def test_a_missing_bucket_is_an_error_naming_it_unless_the_server_is_asked_to_create_it(
+    zookeeper: ZooKeeper, servers: list[HaServer], moto: MotoServer, tmp_path: Path
+) -> None:
+    bucket = "blobsvc-absent-" + secrets.token_hex(4)
+    error = _serve_fails(zookeeper, f"s3://{bucket}/ha", tmp_path / "a")
+    assert f"bucket {bucket!r} does not exist" in error and "--ha-create-bucket" in error
+    assert not s3().exists(bucket), "nothing was created"
+    leader = _leader(servers, zookeeper, f"s3://{bucket}/ha", tmp_path / "b", "made", extra=("--ha-create-bucket",))
+    assert s3().exists(bucket)
+    with _client(leader.address) as client:
+        key = client.put(b"in a bucket made on request")
+        assert _s3_object(f"s3://{bucket}/ha/made", key) == b"in a bucket made on request"
+        s3().rm(bucket, recursive=True)  # gone while the server runs: no write makes it again
+        with pytest.raises(InternalError, match=r"could not store .*not acknowledged"):
+            client.put(b"never acknowledged")
+    assert not s3().exists(bucket)
+
+
+def test_a_server_whose_store_cannot_be_reached_exits_at_start_in_one_line(
+    zookeeper: ZooKeeper, moto: MotoServer, tmp_path: Path
+) -> None:
+    with socket.socket() as placeholder:
+        placeholder.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        endpoint = f"http://127.0.0.1:{placeholder.getsockname()[1]}"
+        error = _serve_fails(zookeeper, "s3://anywhere/ha", tmp_path / "a", AWS_ENDPOINT_URL=endpoint)
+    assert "the HA store s3://anywhere/ha/default cannot be reached" in error and endpoint in error
 
 
 # --- eight hosts -----------------------------------------------------------------------------

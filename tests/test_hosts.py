@@ -142,6 +142,7 @@ BAD_DOCUMENTS = [
     ({"agent": "h:1", "host": "hôst"}, "'host' must be printable ASCII"),
     ({"agent": "a b:1"}, "'agent' must be host:port"),
     ({"agent": "h" * 300 + ":1"}, "'agent' must be host:port"),
+    ({"agent": "h:1", "stopping": 1}, "'stopping' must be true or false"),
 ]
 
 
@@ -251,6 +252,17 @@ def test_a_host_is_lost_once_silent_for_longer_than_lost_after() -> None:
     clock.now += 0.001
     assert states(hosts) == {"a:1": "lost"}
     assert hosts.listing()[0]["last_seen"] == 1000.0 + 1e9  # the wall clock of the heartbeat
+
+
+def test_a_host_whose_agent_said_it_stops_is_stopped_not_lost_and_live_on_its_next_heartbeat() -> None:
+    clock = Clock()
+    hosts = registry(clock)
+    hosts.record(HostReport.parse({**report("a:1"), "stopping": True}))
+    assert states(hosts) == {"a:1": "stopped"}
+    clock.now += 3600.0
+    assert states(hosts) == {"a:1": "stopped"} and hosts.states() == {"live": 0, "lost": 0, "stopped": 1}
+    hosts.record(HostReport.parse(report("a:1")))
+    assert states(hosts) == {"a:1": "live"}
 
 
 def test_a_host_silent_for_a_day_is_forgotten_and_for_100_times_lost_after_when_that_is_longer() -> None:

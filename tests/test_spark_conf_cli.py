@@ -4,8 +4,10 @@ environment and jars through each host's agent, and its one-line errors."""
 from __future__ import annotations
 
 import shlex
+import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -37,6 +39,14 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "lib" / "udfs.jar").write_bytes(b"PK\x03\x04 another udfs")
     (tmp_path / "io.jar").write_bytes(b"PK\x03\x04 io")
     (tmp_path / "env.rar").write_bytes(b"Rar!")
+    with tarfile.open(tmp_path / "no-python.tar.gz", "w:gz") as tar:
+        tar.add(__file__, "lib/python3.11/site-packages/udfs.py")
+    with tarfile.open(tmp_path / "nested.tar.gz", "w:gz") as tar:
+        tar.add(__file__, "venv/bin/python")
+    with zipfile.ZipFile(tmp_path / "arrow.zip", "w") as archive:
+        archive.writestr("bin/python", "")
+        for module in ("pyarrow", "pandas"):
+            archive.writestr(f"lib/python3.11/site-packages/{module}/__init__.py", "")
     return tmp_path
 
 
@@ -70,7 +80,7 @@ def test_prints_the_conf_of_an_environment_and_jars_on_the_agent(server_thread: 
             assert status == 200, body
             return body
 
-        assert list(conf) == ["spark.files", "spark.pyspark.python", "spark.jars"]
+        assert list(conf) == ["spark.files", "spark.pyspark.python", "spark.pyspark.driver.python", "spark.jars"]
         key = blake3.blake3((files / "env.tar.gz").read_bytes()).hexdigest()
         launcher = conf["spark.files"]
         assert launcher.startswith(f"{agent.url}/python/{key}/env.tar.gz/environment-python?expires=")
@@ -114,6 +124,13 @@ def test_a_second_run_sends_no_bytes_and_agent_beats_the_environment(server_thre
         ),
         (["--environment", "env.tar.gz", "--agent", "https://agent:1"], AGENT, "not an agent URL"),
         (["--environment", "env.tar.gz", "--unpack", "pex"], AGENT, "'pex' is not one of 'host', 'spark'"),
+        (["--environment", "no-python.tar.gz"], AGENT, "no-python.tar.gz holds no bin/python at its root"),
+        (["--environment", "nested.tar.gz"], AGENT, "it is under venv/: pack the environment's contents"),
+        (
+            ["--environment", "env.tar.gz", "--deploy-mode", "cluster", "--driver-python", "python3"],
+            AGENT,
+            "--driver-python goes with --environment in --deploy-mode client",
+        ),
     ],
     ids=[
         "nothing-to-ship",
@@ -125,6 +142,9 @@ def test_a_second_run_sends_no_bytes_and_agent_beats_the_environment(server_thre
         "no-agent",
         "not-an-agent-url",
         "unknown-unpack",
+        "no-python",
+        "python-one-level-down",
+        "driver-python-in-cluster-mode",
     ],
 )
 def test_bad_input_is_a_usage_error_in_one_line(
@@ -143,11 +163,38 @@ def test_bad_input_is_a_usage_error_in_one_line(
     assert server_thread.server.requests["PUT"] == puts, "nothing uploaded"
 
 
+def test_client_mode_names_the_drivers_python_and_cluster_mode_does_not(
+    server_thread: ServerThread, files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spark.pyspark.python wins over PYSPARK_DRIVER_PYTHON: a client-mode driver, which runs
+    here, needs spark.pyspark.driver.python, or it looks for ./environment-python."""
+    monkeypatch.delenv("PYSPARK_DRIVER_PYTHON", raising=False)
+    environment = ["--environment", str(files / "env.tar.gz")]
+    assert conf_of(run(server_thread, *environment)[1])["spark.pyspark.driver.python"] == sys.executable
+    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", "/opt/python/bin/python3")
+    assert conf_of(run(server_thread, *environment)[1])["spark.pyspark.driver.python"] == "/opt/python/bin/python3"
+    chosen = conf_of(run(server_thread, *environment, "--driver-python", "python3.11")[1])
+    assert chosen["spark.pyspark.driver.python"] == "python3.11"
+    in_cluster = conf_of(run(server_thread, *environment, "--deploy-mode", "cluster")[1])
+    assert "spark.pyspark.driver.python" not in in_cluster and in_cluster["spark.pyspark.python"]
+
+
+def test_an_environment_without_pyarrow_and_pandas_is_shipped_with_a_one_line_warning(
+    server_thread: ServerThread, files: Path
+) -> None:
+    code, out, err = run(server_thread, "--environment", str(files / "env.tar.gz"))
+    assert code == 0 and conf_of(out)["spark.pyspark.python"]
+    assert err.count("\n") == 1 and err.startswith("Warning: env.tar.gz holds no pyarrow or pandas: ")
+    assert "No module named 'pyarrow'" in err and "spark.sql.execution.pythonUDF.arrow.enabled=false" in err
+    code, out, err = run(server_thread, "--environment", str(files / "arrow.zip"))
+    assert (code, err) == (0, "")
+
+
 def test_an_unreachable_server_exits_1_naming_it(files: Path) -> None:
     result = CliRunner().invoke(
         main,
-        ["spark-conf", "-s", "127.0.0.1:1", "--retries", "0", "--environment", str(files / "env.tar.gz")],
+        ["spark-conf", "-s", "127.0.0.1:1", "--environment", str(files / "arrow.zip")],
         env={"BLOBSVC_AGENT_URL": AGENT, "BLOBSVC_CACHE_DIR": str(files / "cache")},
     )
     assert (result.exit_code, result.stdout) == (1, "")
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: ") and "127.0.0.1:1" in result.stderr
+    assert result.stderr == "Error: cannot connect to 127.0.0.1:1: Connection refused (1 attempt)\n"

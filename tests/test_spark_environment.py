@@ -10,10 +10,13 @@ the host; a second application's hosts fetch and unpack nothing more; and a thir
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +28,9 @@ import pytest
 from pyspark import SparkConf
 
 from benchmarks.harness.agent import AgentProcess, run_agent
-from benchmarks.harness.spark import ANSWER, PROBE, probe_wheel, start_session
+from benchmarks.harness.spark import ANSWER, MASTER, PROBE, probe_wheel, start_session
 from blobsvc import BlobClient, InvalidArgument, Settings
-from blobsvc.driver import _digests
+from blobsvc.driver import _contents, _digests
 from blobsvc.spark import environment
 
 from .conftest import ServerThread, with_secret
@@ -78,7 +81,7 @@ def blank_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def blobsvc_conf(server: ServerThread, tmp_path: Path, **extra: str) -> SparkConf:
-    conf = SparkConf(loadDefaults=False)
+    conf = SparkConf(loadDefaults=False).setMaster(MASTER)
     conf.set("spark.blobsvc.server", server.address)
     conf.set("spark.blobsvc.secretFile", str(server.settings.secret_file))
     conf.set("spark.blobsvc.cacheDir", str(tmp_path / "cache"))
@@ -144,6 +147,7 @@ def test_an_archive_the_server_holds_is_neither_read_nor_sent_again(
     environment(blobsvc_conf(server_thread, tmp_path), archive, agent=AGENT)
     puts = server_thread.server.requests["PUT"]
     monkeypatch.setattr(_digests, "hash_file", lambda path: pytest.fail("read again"))
+    monkeypatch.setattr(_contents, "_read", lambda path: pytest.fail("listed again"))
     conf = environment(blobsvc_conf(server_thread, tmp_path), archive, agent=AGENT)
     assert server_thread.server.requests["PUT"] == puts, "no bytes sent"
     assert f"/python/{blake3.blake3(archive.read_bytes()).hexdigest()}/" in conf.get("spark.files", "")
@@ -199,8 +203,9 @@ def test_the_agent_is_the_argument_else_the_conf_else_the_environment(
         ),
         ({"agent": "ftp://agent:21"}, "setting agent_url: not an agent URL"),
         ({"builder": "spark.archives=x"}, "takes a SparkSession.Builder or a SparkConf, not a str"),
-        ({"master": "local[2]"}, "master 'local[2]' runs Python workers where no archive is unpacked"),
+        ({"master": "local[2]"}, "master 'local[2]' (set) runs Python workers where no archive is unpacked"),
         ({"unpack": "pex"}, "unpack='pex': give one of 'host', 'spark'"),
+        ({"archive": "no-python.zip"}, "no-python.zip holds no bin/python at its root, which every Python worker"),
     ],
     ids=[
         "missing-file",
@@ -213,12 +218,15 @@ def test_the_agent_is_the_argument_else_the_conf_else_the_environment(
         "not-a-conf",
         "local-master",
         "unknown-unpack",
+        "no-python",
     ],
 )
 def test_bad_input_is_one_line_invalid_argument(
     server_thread: ServerThread, archive: Path, tmp_path: Path, change: dict[str, Any], message: str
 ) -> None:
     (tmp_path / "env.rar").write_bytes(b"Rar!")
+    with zipfile.ZipFile(tmp_path / "no-python.zip", "w") as packed:
+        packed.writestr("lib/python3.11/site-packages/udfs.py", "")
     conf = blobsvc_conf(server_thread, tmp_path)
     arguments: dict[str, Any] = {"builder": conf, "archive": archive, "alias": "environment", "agent": AGENT}
     arguments.update(change)
@@ -231,6 +239,50 @@ def test_bad_input_is_one_line_invalid_argument(
     assert message in str(raised.value) and "\n" not in str(raised.value)
     assert conf.get("spark.archives") is None and conf.get("spark.files") is None
     assert os.environ["PYSPARK_PYTHON"] == sys.executable
+
+
+def test_the_readmes_snippet_run_as_python_app_py_is_refused_for_spark_default_local_master(
+    archive: Path, tmp_path: Path
+) -> None:
+    """No master set anywhere: Spark's default local[*], refused although nobody set it."""
+    app = tmp_path / "app.py"
+    app.write_text(
+        "from pyspark.sql import SparkSession\n"
+        "from blobsvc.spark import environment\n"
+        'builder = SparkSession.builder.config("spark.blobsvc.agent", "http://127.0.0.1:6131")\n'
+        f"spark = environment(builder, {str(archive)!r}).getOrCreate()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_SUBMIT_ARGS", "MASTER", "SPARK_CONF_DIR")}
+    done = subprocess.run([sys.executable, str(app)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        "blobsvc._exceptions.InvalidArgument: master 'local[*]' (Spark's default: none was set) runs Python "
+        "workers where no archive is unpacked: set a cluster's (builder.master(...), --master, spark.master)"
+    )
+
+
+@pytest.mark.usefixtures("blank_environ")
+def test_an_environment_without_pyarrow_is_shipped_with_one_warning_when_udfs_would_need_it(
+    server_thread: ServerThread, archive: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PySpark 4 runs Python UDFs with Arrow (the driver has pyarrow and pandas): the workers
+    import them from the environment."""
+
+    def warnings(conf: SparkConf, packed: Path) -> list[str]:
+        caplog.clear()
+        environment(conf, packed, agent=AGENT)
+        return [r.getMessage() for r in caplog.records if r.name == "blobsvc.spark" and r.levelname == "WARNING"]
+
+    (warning,) = warnings(blobsvc_conf(server_thread, tmp_path), archive)
+    assert warning.startswith("env.tar.gz holds no pyarrow or pandas: Python UDFs") and "\n" not in warning
+    off = {"spark.sql.execution.pythonUDF.arrow.enabled": "false"}
+    assert warnings(blobsvc_conf(server_thread, tmp_path, **off), archive) == []
+    with_arrow = tmp_path / "arrow.zip"
+    with zipfile.ZipFile(with_arrow, "w") as packed:
+        packed.writestr("bin/python", "")
+        for module in ("pyarrow", "pandas"):
+            packed.writestr(f"lib/python3.11/site-packages/{module}/__init__.py", "")
+    assert warnings(blobsvc_conf(server_thread, tmp_path), with_arrow) == []
 
 
 # --- with Spark: three applications through one agent -----------------------------------
@@ -376,3 +428,50 @@ def test_unpacked_by_spark_executors_run_tasks_in_their_own_copy_fetched_from_th
     # Each executor's own copy, in its working directory (<app dir>/<executor>).
     assert_ran_in(rows, lambda executor: f"/{executor}/environment/bin/python")
     assert cluster.fetched() == first_application.fetched, "spark.archives came from the host's copy"
+
+
+SUBMITTED_APP = """\
+import json, os, sys
+from pyspark.sql import SparkSession
+
+def task(_):
+    import blobsvc_envprobe
+    yield os.path.basename(os.getcwd()), sys.executable, blobsvc_envprobe.ANSWER
+
+spark = SparkSession.builder.getOrCreate()
+rows = spark.sparkContext.parallelize(range(8), 8).mapPartitions(task).collect()
+print(json.dumps({"driver": sys.executable, "rows": rows}))
+spark.stop()
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_spark_submit_in_client_mode_runs_the_recipe_as_written(cluster: Cluster, archive: Path) -> None:
+    """docs/spark.md's recipe, in a shell: the BLOBSVC_* variables exported, then
+    ``eval "spark-submit --master ... $(blobsvc spark-conf --environment env.tar.gz) app.py"``,
+    in spark-submit's default client mode: the driver runs here, in the Python spark-conf
+    names, and the executors in the host's tree."""
+    work = cluster.root / "submit"
+    work.mkdir()
+    (work / "app.py").write_text(SUBMITTED_APP)
+    shutil.copy(archive, work / "env.tar.gz")
+    secret = cluster.server.settings.secret_file
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("PYSPARK_", "BLOBSVC_"))}
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",  # spark-submit and blobsvc
+        BLOBSVC_SERVER=cluster.server.address,
+        BLOBSVC_SECRET_FILE=str(secret),
+        BLOBSVC_AGENT_URL=cluster.agent.url,
+        BLOBSVC_CACHE_DIR=str(cluster.root / "driver-cache"),
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_WORKER_DIR=str(work / "workers"),
+    )
+    recipe = f"""eval "spark-submit --master '{MASTER}' --conf spark.ui.enabled=false \\
+        $(blobsvc spark-conf --environment env.tar.gz) app.py" """
+    done = subprocess.run(["bash", "-c", recipe], cwd=work, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["driver"] == sys.executable, "the driver runs in the Python spark-conf named"
+    assert_ran_in([tuple(row) for row in result["rows"]], lambda _: host_python(cluster, archive))

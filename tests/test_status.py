@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,6 +75,10 @@ def test_blobsvc_status_prints_one_field_per_line(server_thread: ServerThread) -
     fields = dict(line.split(": ", 1) for line in out.splitlines())
     assert fields["role"] == "standalone" and fields["blobs"] == "0"
     assert {"version", "uptime seconds", "disk free bytes", "connections", "requests total"} <= fields.keys()
+    # Read by a person: no "None", no Unix time.
+    assert fields["metrics address"] == fields["http address"] == "off"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(up \d+ (s|min \d+ s)\)", fields["started"])
+    assert "None" not in out
 
 
 def test_blobsvc_status_json_is_one_object(server_thread: ServerThread) -> None:

@@ -146,7 +146,13 @@ def test_a_store_copy_that_does_not_verify_is_refused_counted_logged_and_fetched
 
 @pytest.mark.parametrize("how", ["missing-object", "not-mounted-here", "no-backend"])
 def test_a_store_that_cannot_be_read_falls_back_to_the_server_once_and_is_asked_for_again(
-    server_thread: ServerThread, named: list[str], put: Put, store_dir: Path, tmp_path: Path, how: str
+    server_thread: ServerThread,
+    named: list[str],
+    put: Put,
+    store_dir: Path,
+    tmp_path: Path,
+    how: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     first, second = put(os.urandom(MiB)), put(os.urandom(MiB))
     if how == "missing-object":
@@ -161,6 +167,27 @@ def test_a_store_that_cannot_be_read_falls_back_to_the_server_once_and_is_asked_
     counts = requests(server_thread)
     assert (counts["GET"], counts["STATUS"]) == (2, 2)  # one GET each; the store asked for anew
     assert (stats.store_fallbacks, stats.bytes_fetched, stats.bytes_from_store) == (2, 2 * MiB, 0)
+    # Said once, at warning, with the cause; the second fallback only at info.
+    warnings = [r.getMessage() for r in caplog.records if r.name == "blobsvc.cache" and r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    cause = {"missing-object": "has no copy of", "not-mounted-here": "not-mounted", "no-backend": "nosuchfs"}[how]
+    assert cause in warnings[0] and "fall back to the server" in warnings[0]
+
+
+def test_a_fallback_is_warned_of_again_after_a_store_read_worked(
+    server_thread: ServerThread, named: list[str], put: Put, store_dir: Path, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    first, read, second, third = (put(os.urandom(1000 + i)) for i in range(4))
+    for key in (first, second, third):
+        (store_dir / object_path(key)).unlink()
+    with cache_at(server_thread, tmp_path / "cache") as cache:
+        for key in (first, second, read, third):
+            cache.path(key)
+        stats = cache.stats()
+    assert stats.store_fallbacks == 3
+    warned = [r.getMessage() for r in caplog.records if r.name == "blobsvc.cache" and r.levelname == "WARNING"]
+    assert [first in warned[0], third in warned[1], len(warned)] == [True, True, 2], warned
 
 
 def test_the_server_is_asked_for_its_store_once_per_cache(

@@ -9,6 +9,7 @@ import socket
 from collections import Counter
 from typing import Any
 
+from .._exceptions import BlobError, NotFound
 from ..cache import BlobCache
 from ..cache._archives import archive_kind
 from ..client import AsyncBlobClient
@@ -16,6 +17,7 @@ from ..config import Settings, package_version, parse_port_range
 from ..http import (
     PYTHON_ROUTE,
     HttpConnection,
+    HttpError,
     HttpFace,
     HttpRequest,
     HttpResponse,
@@ -118,6 +120,18 @@ class Agent:
 
     async def _open_blob(self, target: ContentKey | JobBlob) -> OpenBlob:
         assert self.source is not None, "the agent is not started"
+        if isinstance(target, JobBlob) and self.source.is_gone(job := target.job.hex()):
+            # The server said the job is gone: its files wait out the cleanup interval here,
+            # but its URLs answer as the server does (NOT_FOUND: a 404), unless the job id
+            # was used again since.
+            assert self._client is not None
+            try:
+                await self._client.stat(job=target.job, name=target.name)
+            except NotFound:
+                raise
+            except BlobError as exc:
+                raise HttpError(502, f"cannot ask the blobsvc server {self.settings.server}: {exc}") from None
+            self.source.back(job)
         return await self.source.open_blob(target)
 
     async def _python(self, request: HttpRequest) -> HttpResponse:
@@ -152,13 +166,16 @@ class Agent:
             self._beating.result()
 
     async def shutdown(self, timeout: float | None = None) -> None:
-        """Stop accepting, let transfers under way finish within ``timeout`` (``shutdown_timeout``
-        by default), cancel the rest, then release the jobs held and close the cache."""
+        """Stop accepting, tell the server the agent stops (its last heartbeat), let transfers
+        under way finish within ``timeout`` (``shutdown_timeout`` by default), cancel the
+        rest, then release the jobs held and close the cache."""
         self.slots.closing = True
         tasks = [task for task in (self._beating, self._accepting) if task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)  # a refusal is serve_forever's to raise
+        if self.heartbeats is not None:
+            await self.heartbeats.farewell()
         if self._client is not None:
             await self._client.aclose()
         if self._listener is not None:

@@ -17,6 +17,9 @@ Rules (docs/protocol.md, "HEARTBEAT", has the fields):
   later request takes it again; its content stays under the cache's LRU rule.
 * A server that cannot be reached is logged once when the outage begins and once when it
   ends, not at every beat; the agent keeps serving its cache meanwhile.
+* An agent that shuts down cleanly sends a last heartbeat saying so (``stopping``, no jobs:
+  it is releasing them all), within ``FAREWELL_TIMEOUT`` seconds, so that the server lists
+  its host as stopped rather than lost; one that cannot say it is listed lost in time.
 * A heartbeat names at most ``MAX_REPORTED_JOBS`` jobs, so that it stays well inside the
   protocol's 64 KiB; an agent holding more names the next ones in the next heartbeat.
 """
@@ -35,7 +38,7 @@ from ..client import AsyncBlobClient
 from ..config import package_version
 from ._source import CacheSource
 
-__all__ = ["DEFAULT_INTERVAL", "MAX_INTERVAL", "MAX_REPORTED_JOBS", "MIN_INTERVAL", "Heartbeats"]
+__all__ = ["DEFAULT_INTERVAL", "FAREWELL_TIMEOUT", "MAX_INTERVAL", "MAX_REPORTED_JOBS", "MIN_INTERVAL", "Heartbeats"]
 
 log = logging.getLogger("blobsvc.agent")
 
@@ -43,6 +46,7 @@ DEFAULT_INTERVAL = 10.0  # the server's default agent_heartbeat_interval
 # The intervals an answer may ask for: no server is asked every millisecond, and an hour
 # between heartbeats (or infinity) would keep a gone job's files, or a refusal, unnoticed.
 MIN_INTERVAL, MAX_INTERVAL = 0.01, 3600.0
+FAREWELL_TIMEOUT = 2.0  # of a shutdown's last heartbeat: a server that does not answer soon is not waited for
 # 35 bytes a job id in JSON: 1,000 of them and the counters take about 36 KiB of 64.
 MAX_REPORTED_JOBS = 1000
 
@@ -104,7 +108,15 @@ class Heartbeats:
             if not isinstance(job, str):
                 continue  # release() ignores any job this agent does not hold
             log.info("job %s is gone from the server: its files go after the cleanup interval", job)
-            await asyncio.to_thread(self.source.release, job.lower())
+            await asyncio.to_thread(self.source.gone, job.lower())
+
+    async def farewell(self, timeout: float = FAREWELL_TIMEOUT) -> None:
+        """The last heartbeat, as the agent stops: the server lists the host as stopped."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.client.heartbeat({**await self.report(), "jobs": [], "stopping": True})
+        except (BlobError, TimeoutError) as exc:
+            log.info("could not tell %s that the agent stops: %s", self.client.server, exc)
 
     async def report(self) -> dict[str, Any]:
         cache = self.source.cache

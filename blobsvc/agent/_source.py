@@ -10,7 +10,9 @@ download never holds up the event loop, nor the threads asyncio lends to others.
 
 A job blob's request makes the agent hold a reference on its job (a lease of this process in
 the cache), so the job's files are neither evicted nor cleaned up while the job exists on the
-server; :meth:`CacheSource.release` drops it once the server says the job is gone.
+server; :meth:`CacheSource.gone` drops it once the server says the job is gone, and
+remembers that (the last ``MAX_GONE_JOBS``), so that the agent's face answers for the job as
+the server does at once, while its files wait out the cleanup interval.
 
 :meth:`CacheSource.environment` is a packed Python environment's tree: its archive fetched
 as above, then unpacked once per host (in environment mode, see :mod:`blobsvc.cache._archives`)
@@ -25,6 +27,7 @@ import errno
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,7 +47,7 @@ from ..http import HttpError
 from ..storage import OpenBlob
 from ..wire._protocol import ContentKey, JobBlob
 
-__all__ = ["FETCH_THREADS", "CacheSource"]
+__all__ = ["FETCH_THREADS", "MAX_GONE_JOBS", "CacheSource"]
 
 log = logging.getLogger("blobsvc.agent")
 
@@ -53,6 +56,10 @@ log = logging.getLogger("blobsvc.agent")
 FETCH_THREADS = 16
 
 Target = ContentKey | JobBlob
+# Jobs the server said are gone, remembered: a job id is 32 bytes of text, so some 1 MB. Past
+# that the oldest are forgotten, and their files (gone one cleanup interval after release
+# unless asked for again) are served as they were until then.
+MAX_GONE_JOBS = 10_000
 
 
 class CacheSource:
@@ -66,6 +73,7 @@ class CacheSource:
         self.unpacks = 0  # environments this agent unpacked
         self._jobs: set[str] = set()  # the jobs this agent holds a reference on
         self._jobs_lock = threading.Lock()  # fetch threads take references
+        self._gone: OrderedDict[str, None] = OrderedDict()  # jobs the server said are gone, oldest first
 
     @property
     def in_flight(self) -> int:
@@ -176,14 +184,28 @@ class CacheSource:
                 self.cache.register_job(job)
                 self._jobs.add(job)
 
-    def release(self, job: str) -> None:
-        """Drop the reference this agent holds on ``job`` (hex), if it holds one: its files go
-        one cleanup interval later unless another process or a later request holds the job."""
+    def gone(self, job: str) -> None:
+        """The server says ``job`` (hex) is gone: drop the reference this agent holds on it, if
+        any (its files go one cleanup interval later unless another process or a later request
+        holds the job), and remember it until :meth:`back`."""
         with self._jobs_lock:
+            self._gone[job] = None
+            self._gone.move_to_end(job)
+            while len(self._gone) > MAX_GONE_JOBS:
+                self._gone.popitem(last=False)
             if job not in self._jobs:
                 return
             self._jobs.discard(job)
             self.cache.release_job(job)
+
+    def is_gone(self, job: str) -> bool:
+        with self._jobs_lock:
+            return job in self._gone
+
+    def back(self, job: str) -> None:
+        """``job`` exists on the server again (its id reused after it was deleted)."""
+        with self._jobs_lock:
+            self._gone.pop(job, None)
 
     def close(self) -> None:
         """Wait for fetches under way, then release every reference and close the cache."""

@@ -100,7 +100,7 @@ class BlobCache:
             secret=secret,
             tls=tls,
         )
-        self._store_reads = _StoreReads(self._client, self.store.counters) if store_reads else None
+        self._store_reads = _StoreReads(self._client, self.store.counters, connect_timeout) if store_reads else None
         self._lock = threading.Lock()
         self._leases: dict[str, list[str]] = {}
         self._leases_pid = os.getpid()
@@ -284,11 +284,16 @@ class _StoreReads:
     a mount that came back). A read that fails or does not verify leaves the download to the
     server, once: a refused copy is emptied out of the partial file first, logged and counted,
     so no byte of it is kept; an unreadable store keeps the bytes it sent, which verify as
-    part of the whole, as a broken transfer's do."""
+    part of the whole, as a broken transfer's do. The first fallback to the server is logged
+    at warning with its cause, the next ones at info until a store read succeeds again: an
+    operator learns that the store is not read, and why, without a line per blob. The store
+    is connected to within ``connect_timeout``, and tried once."""
 
-    def __init__(self, client: BlobClient, counters: Counters) -> None:
+    def __init__(self, client: BlobClient, counters: Counters, connect_timeout: float) -> None:
         self._client = client
         self._counters = counters
+        self._connect_timeout = connect_timeout
+        self._warned = False  # of a fallback, since the last store read that worked
         self._lock = threading.Lock()
         self._reader: StoreReader | None = None
         self._asked = False
@@ -312,11 +317,19 @@ class _StoreReads:
             )
             return False
         except StoreUnreadable as exc:
-            self._counters.add("store_fallbacks")
-            log.info("fetching %s from the server: %s", key, exc)
+            self._fell_back(f"fetching {key} from the server: {exc}")
             self._forget()
             return False
+        self._warned = False
         return True
+
+    def _fell_back(self, message: str) -> None:
+        self._counters.add("store_fallbacks")
+        if self._warned:
+            log.info("%s", message)
+            return
+        self._warned = True
+        log.warning("%s (store reads fall back to the server until the store answers again)", message)
 
     def _received(self, amount: int) -> None:
         self._counters.add("bytes_from_store", amount)
@@ -332,11 +345,10 @@ class _StoreReads:
             self._reader = None
             if location:
                 try:
-                    self._reader = StoreReader(location)
+                    self._reader = StoreReader(location, connect_timeout=self._connect_timeout)
                 except StoreUnreadable as exc:
-                    self._counters.add("store_fallbacks")
                     self._asked = False  # as after any failure: the next download asks again
-                    log.info("reading from the server: %s", exc)
+                    self._fell_back(f"reading from the server: {exc}")
             return self._reader
 
     def _where(self) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import functools
 import importlib.util
 import json
@@ -38,7 +39,7 @@ from ..server._logs import log_recovery
 from ..server.metrics import MetricsUnavailable
 from ..wire._tls import client_context_for
 from ._cache_cli import cache
-from ._cli_settings import CONFIG_HELP, config_option, load_settings, setting_help, setting_option
+from ._cli_settings import CONFIG_HELP, config_option, given_before, load_settings, setting_help, setting_option
 
 __all__ = ["main"]
 
@@ -182,6 +183,7 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("zookeeper")
 @setting_option("cluster_id")
 @setting_option("ha_dir")
+@click.option("--ha-create-bucket/--no-ha-create-bucket", default=None, help=Settings.help("ha_create_bucket"))
 @setting_option("zookeeper_session_timeout")
 @setting_option("agent_heartbeat_interval")
 @setting_option("agent_lost_after")
@@ -287,10 +289,11 @@ async def _serve_agent(settings: Settings) -> None:
     stop = _stop_on_signals(host_agent.slots.abort)
     click.echo("agent listening on {}:{}".format(*host_agent.address))
     sys.stdout.flush()
-    logging.getLogger("blobsvc.agent").info("agent for %s, cache %s", settings.server, settings.cache_dir)
+    agent_log = logging.getLogger("blobsvc.agent")
+    agent_log.info("agent for %s, cache %s", settings.server, settings.cache_dir)
     serving = asyncio.create_task(host_agent.serve_forever())
     await asyncio.wait((serving, asyncio.create_task(stop.wait())), return_when=asyncio.FIRST_COMPLETED)
-    log.info("shutting down")
+    agent_log.info("shutting down")
     await host_agent.shutdown()
     serving.cancel()
     if serving.done() and not serving.cancelled():
@@ -306,7 +309,7 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
         settings = load_settings(ctx, {name: args.pop(name) for name in CLIENT_SETTINGS})
 
         async def go() -> None:
-            async with AsyncBlobClient.from_settings(settings) as client:
+            async with AsyncBlobClient.from_settings(settings, one_shot=True) as client:
                 await func(client, **args)
 
         _run(go())
@@ -414,8 +417,9 @@ async def status(client: AsyncBlobClient, as_json: bool, hosts: bool) -> None:
     """Print a server's version, uptime, role, blobs and bytes stored, free disk,
     connections and requests served; exit 1 when it cannot be reached.
 
-    With --hosts: each executor host's agent address, host name, state (live, or LOST when
-    it has not sent a heartbeat for agent_lost_after seconds), version, cache bytes and limit,
+    With --hosts: each executor host's agent address, host name, state (live; stopped when
+    its agent said goodbye as it shut down; LOST when it has not sent a heartbeat for
+    agent_lost_after seconds), version, cache bytes and limit,
     hits, misses, jobs held, and when it was last heard from.
     """
     if hosts:
@@ -426,9 +430,42 @@ async def status(client: AsyncBlobClient, as_json: bool, hosts: bool) -> None:
         click.echo(json.dumps(info, sort_keys=True))
         return
     for name, value in info.items():
+        click.echo(f"{name.replace('_', ' ')}: {_status_text(name, value, info)}")
+
+
+def _status_text(name: str, value: Any, info: dict[str, Any]) -> str:
+    """One STATUS field as a person reads it (``--json`` keeps the values as they are)."""
+    if name == "started" and isinstance(value, int | float):
+        when = datetime.datetime.fromtimestamp(value, datetime.UTC).isoformat(timespec="seconds")
+        uptime = info.get("uptime_seconds")
+        return when.replace("+00:00", "Z") + (f" (up {_duration(uptime)})" if isinstance(uptime, int | float) else "")
+    if isinstance(value, dict):
+        return " ".join(f"{k}={_status_text(k, v, info)}" for k, v in sorted(_flat(value).items())) or "-"
+    if value is None:
+        return "off" if name.endswith("_address") else "-"
+    return str(value)
+
+
+def _flat(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested fields under dotted names: ``{"deleted": {"ttl": 0}}`` as ``deleted.ttl``."""
+    flat: dict[str, Any] = {}
+    for name, value in fields.items():
         if isinstance(value, dict):
-            value = " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
-        click.echo(f"{name.replace('_', ' ')}: {value}")
+            flat.update(_flat(value, f"{prefix}{name}."))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def _duration(seconds: float) -> str:
+    """``3 d 4 h``, ``2 h 5 min``, ``4 min 10 s``, ``12 s``: the two largest units."""
+    left = int(seconds)
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if left >= size or (unit == "s" and not parts):
+            parts.append(f"{left // size} {unit}")
+            left %= size
+    return " ".join(parts[:2])
 
 
 def _print_hosts(listing: dict[str, Any], as_json: bool) -> None:
@@ -446,7 +483,7 @@ def _print_hosts(listing: dict[str, Any], as_json: bool) -> None:
         [
             str(host.get("agent")),
             host.get("host") or "-",
-            "live" if host.get("state") == "live" else "LOST",
+            {"live": "live", "stopped": "stopped"}.get(host.get("state"), "LOST"),
             host.get("version") or "-",
             f"cache {_bytes_text(host.get('cache_bytes'))}/{_bytes_text(host.get('cache_max_bytes'))}",
             f"hits {_count_text(host.get('hits'))}",
@@ -552,6 +589,19 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
     type=click.Path(dir_okay=False, exists=True),
     help="A jar for spark.jars (repeatable).",
 )
+@click.option(
+    "--deploy-mode",
+    type=click.Choice(["client", "cluster"]),
+    default="client",
+    show_default=True,
+    help="spark-submit's: in client mode the driver runs here, in --driver-python, not the environment.",
+)
+@click.option(
+    "--driver-python",
+    metavar="PYTHON",
+    help="The client-mode driver's Python (spark.pyspark.driver.python) "
+    "[default: $PYSPARK_DRIVER_PYTHON, else the Python running blobsvc].",
+)
 @setting_option("agent_url", "--agent")
 @click.option(
     "--expires-in",
@@ -563,7 +613,8 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
 @client_options
 @click.pass_context
 def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpack: str, jars: tuple[str, ...],
-               agent_url: str | None, expires_in: float, **options: Any) -> None:  # fmt: skip
+               deploy_mode: str, driver_python: str | None, agent_url: str | None, expires_in: float,
+               **options: Any) -> None:  # fmt: skip
     """Upload a packed Python environment and jars, and print the --conf arguments that have
     spark-submit fetch them through each host's blobsvc agent.
 
@@ -577,11 +628,19 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
     for the host) and spark.pyspark.python (./ALIAS-python); with --unpack spark,
     spark.archives (URL#ALIAS) and spark.pyspark.python (./ALIAS/bin/python); and spark.jars.
     The URLs name the agent (--agent or BLOBSVC_AGENT_URL), the same on every host, the
-    driver's included; they are signed when --secret-file is set. In client mode give the
-    driver a local Python too: PYSPARK_DRIVER_PYTHON=python.
+    driver's included; they are signed when --secret-file is set. In client mode (--deploy-mode
+    client, spark-submit's default) the driver runs here, from no executor's directory, so
+    spark.pyspark.driver.python names a local Python (--driver-python): spark.pyspark.python
+    would win over PYSPARK_DRIVER_PYTHON otherwise.
+
+    The environment must hold bin/python at its root, or it is refused before anything is
+    uploaded; one without pyarrow and pandas gets a warning on stderr (Python UDFs run with
+    Arrow in Spark 4, pandas UDFs always).
     """
     if environment is None and not jars:
         raise click.UsageError("give --environment, --jar or both")
+    if driver_python is not None and (deploy_mode == "cluster" or environment is None):
+        raise click.UsageError("--driver-python goes with --environment in --deploy-mode client")
     settings = load_settings(ctx, {**options, "agent_url": agent_url})
     with _one_line_errors():
         archive = None if environment is None else _spark_conf.archive_path(environment)
@@ -591,8 +650,16 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
         if len(set(names)) < len(names):
             raise InvalidArgument("two jars have one file name: Spark's fetcher puts both in one directory")
         agent = _spark_conf.agent_url(settings, "give --agent, or set BLOBSVC_AGENT_URL")
+        if archive is not None:
+            from ..driver._contents import arrow_warning
+
+            contents = _spark_conf.environment_contents(archive, settings)
+            when = "an application's Python UDFs (with Arrow: Spark 4's default) and pandas UDFs"
+            warning = arrow_warning(archive.name, contents, when)
+            if warning is not None:
+                click.echo(f"Warning: {warning}", err=True)
         keys = {}
-        with _spark_conf.blob_client(settings) as client:
+        with _spark_conf.blob_client(settings, one_shot=True) as client:
             for path in [*jar_paths, *([archive] if archive else [])]:
                 keys[path], _ = _spark_conf.ship(client, path, settings.cache_dir / "digests")
         urls = {path: _spark_conf.url(agent, keys[path], path, settings, expires_in) for path in jar_paths}
@@ -601,13 +668,21 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
             conf = _spark_conf.environment_conf(
                 agent, keys[archive], archive, alias, settings, unpack=unpack, expires_in=expires_in
             )
+            if deploy_mode == "client":
+                python = driver_python or os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable
+                conf["spark.pyspark.driver.python"] = python
     if jar_paths:
         conf["spark.jars"] = ",".join(urls[path] for path in jar_paths)
     click.echo(shlex.join(word for name, value in conf.items() for word in ("--conf", f"{name}={value}")))
 
 
 @main.command()
-@click.option("-s", "--server", default=None, help="HOST:PORT of the server to measure [default: a fresh local one].")
+@click.option(
+    "-s",
+    "--server",
+    default=None,
+    help="HOST:PORT of the server to measure, here or before the command [default: a fresh local one].",
+)
 @click.option("--quick", is_flag=True, help="Tiny sizes and counts: proves the bench runs, measures little.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw the results into this PNG.")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), help="Parent of the bench's files [default: $TMPDIR].")
@@ -652,11 +727,13 @@ def bench(
     from .. import bench as benchmark
     from ..bench import _measure
 
+    ctx = click.get_current_context()
+    server = server or given_before(ctx, "server")  # blobsvc -s HOST:PORT bench, as other commands take it
     if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise click.ClickException("--plot needs matplotlib: pip install 'blobsvc[bench]'")
     if server is None and any(value is not None for value in access.values()):
         raise click.UsageError("--secret-file and --tls-* go with --server: the bench's own server uses neither")
-    settings = load_settings(click.get_current_context(), access) if server is not None else None
+    settings = load_settings(ctx, access) if server is not None else None
     if settings is not None:
         with _one_line_errors():  # an empty secret file, TLS files that do not fit: before any work
             settings.secret()

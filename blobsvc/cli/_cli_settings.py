@@ -11,7 +11,7 @@ import click
 
 from ..config import Settings
 
-__all__ = ["config_option", "load_settings", "setting_help", "setting_option"]
+__all__ = ["config_option", "given_before", "load_settings", "setting_help", "setting_option"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -48,6 +48,11 @@ def _remembered(
             ctx.meta.setdefault(_BEFORE, {})[param.name] = value
 
     return remember
+
+
+def given_before(ctx: click.Context, name: str) -> Any:
+    """The value of the group's option ``name`` given before the command, None if not given."""
+    return ctx.meta.get(_BEFORE, {}).get(name)
 
 
 def setting_option(

@@ -28,6 +28,7 @@ from ..client import BlobClient
 from ..config import Settings
 from ..http import blob_url, python_path, signed_url
 from ..wire._tls import client_context_for
+from ._contents import Contents, checked_contents
 from ._digests import file_digest
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "check_alias",
     "check_unpack",
     "environment_conf",
+    "environment_contents",
     "jar_path",
     "ship",
     "url",
@@ -101,7 +103,9 @@ def agent_url(settings: Settings, how: str) -> str:
     return settings.agent_url
 
 
-def blob_client(settings: Settings) -> BlobClient:
+def blob_client(settings: Settings, *, one_shot: bool = False) -> BlobClient:
+    """A client of the server ``settings`` name; ``one_shot`` for a command (see
+    :class:`~blobsvc.client.AsyncBlobClient`: a refused connection is not retried)."""
     return BlobClient(
         settings.server,
         secret=settings.secret(),
@@ -109,7 +113,15 @@ def blob_client(settings: Settings) -> BlobClient:
         connect_timeout=settings.connect_timeout,
         timeout=settings.timeout,
         retries=settings.retries,
+        one_shot=one_shot,
     )
+
+
+def environment_contents(path: Path, settings: Settings) -> Contents:
+    """What the environment archive at ``path`` holds, checked before it is shipped (see
+    :mod:`blobsvc.driver._contents`): InvalidArgument when it has no ``bin/python``."""
+    memory = settings.cache_dir / "digests"
+    return checked_contents(path, file_digest(path, memory), memory)
 
 
 def ship(client: BlobClient, path: Path, digests: Path | None) -> tuple[str, bool]:

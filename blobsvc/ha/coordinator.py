@@ -38,7 +38,7 @@ from ..storage import BlobStorage, StagedUpload
 from ..storage._layout import key_from_filename
 from ..wire._protocol import ContentKey, JobBlob, WholeJob
 from .discovery import INSTALL_HINT, ZkPaths, check_cluster_id, connect_zookeeper, require_kazoo
-from .store import FileSystemBlobStore, open_blob_store
+from .store import FileSystemBlobStore, check_store, failure, open_blob_store
 
 __all__ = ["HighAvailability", "Standalone", "ZooKeeperHA", "high_availability"]
 
@@ -111,13 +111,14 @@ class ZooKeeperHA:
         # absolute path, so that a relative --ha-dir means the same on every host mounting it.
         self.store_url = location if "://" in location else os.path.abspath(os.path.expanduser(location))
         try:
-            self.blobs: FileSystemBlobStore = open_blob_store(location)
+            self.blobs: FileSystemBlobStore = open_blob_store(location, connect_timeout=settings.connect_timeout)
         except ImportError as exc:  # fsspec, or the backend of the URL's scheme
             raise ImportError(f"--ha-dir {settings.ha_dir}: {exc} ({INSTALL_HINT})") from None
         self._client: Any = None
         self._election: Any = None
         self._storage: BlobStorage | None = None
         self._ha_blobs: int | None = None
+        self._store_error: str | None = None  # the last failure of the HA store, until it works again
         self._counted_at = -math.inf
         self._counting = threading.Lock()
         self._fence = _SharedCheck(lambda: self._election.fence(settings.zookeeper_session_timeout))
@@ -126,6 +127,14 @@ class ZooKeeperHA:
         from .leader import LeaderElection
 
         self._storage = storage
+        # Before ZooKeeper: a server that cannot use its store must not become a leader that
+        # fails every PUT, but exit naming it, as it does for ZooKeeper.
+        await asyncio.to_thread(
+            check_store,
+            self.blobs.location,
+            create_bucket=self.settings.ha_create_bucket,
+            connect_timeout=self.settings.connect_timeout,
+        )
         host = self.settings.host
         if host in {"", "0.0.0.0", "::"}:
             host = socket.getfqdn()
@@ -211,14 +220,17 @@ class ZooKeeperHA:
         and answered as INTERNAL_ERROR: the request is not acknowledged. blobsvc's own
         errors (NOT_LEADER, a damaged copy) pass as they are."""
         try:
-            return await asyncio.to_thread(work)
+            result = await asyncio.to_thread(work)
         except BlobError:
             raise
         except Exception as exc:
-            cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+            cause = failure(exc)
+            self._store_error = cause
             message = f"the HA store {self.blobs.location} {failed}: {cause}"
             log.warning("%s", message)
             raise InternalError(message) from None
+        self._store_error = None
+        return result
 
     def _recover(self, target: ContentKey | JobBlob) -> bool:
         storage = self._storage
@@ -274,14 +286,18 @@ class ZooKeeperHA:
             "ha_store": self.blobs.location,
             "store": self.store_url,
             "ha_blobs": self._ha_blobs,
+            "ha_store_error": self._store_error,
         }
 
     def _count(self) -> None:
         with self._counting:
             try:
                 self._ha_blobs = self.blobs.count()
-            except OSError as exc:
-                log.warning("could not count the HA store's blobs: %s", exc)
+            except Exception as exc:  # a backend's own errors (botocore's) are not OSErrors
+                self._store_error = failure(exc)
+                log.warning("could not count the HA store's blobs: %s", self._store_error)
+            else:
+                self._store_error = None
 
     # --- on election ------------------------------------------------------------------------
 

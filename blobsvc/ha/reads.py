@@ -38,7 +38,7 @@ from typing import Any
 import blake3
 
 from .._exceptions import DigestMismatch
-from .store import object_path, open_files
+from .store import failure, object_path, open_files
 
 __all__ = ["StoreCopyRefused", "StoreReader", "StoreUnreadable"]
 
@@ -52,12 +52,14 @@ class StoreCopyRefused(DigestMismatch):
 
 
 class StoreReader:
-    """Reads content objects of the HA store at ``location`` (a directory or an fsspec URL)."""
+    """Reads content objects of the HA store at ``location`` (a directory or an fsspec URL),
+    connecting within ``connect_timeout`` (on ``s3://``; other backends keep their own)."""
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, *, connect_timeout: float | None = None) -> None:
         self.location = location
         try:
-            self._files: Any = open_files(location)
+            # One try, bounded: a cache whose store read fails has the server to fall back on.
+            self._files: Any = open_files(location, connect_timeout=connect_timeout, attempts=1)
         except ImportError as exc:  # fsspec, or the backend of the URL's scheme (s3fs, gcsfs…)
             raise StoreUnreadable(f"cannot open the store {location}: {exc}") from None
         except (OSError, ValueError) as exc:
@@ -79,7 +81,7 @@ class StoreReader:
         try:
             stored = self._files.size(path)
         except Exception as exc:  # a backend's own errors (botocore's, say) are not OSErrors
-            raise StoreUnreadable(f"cannot reach the store {self.location}: {_reason(exc)}") from None
+            raise StoreUnreadable(f"cannot reach the store {self.location}: {failure(exc)}") from None
         if stored is None:
             raise StoreUnreadable(f"the store {self.location} has no copy of {key}")
         if stored != size:
@@ -120,7 +122,7 @@ class StoreReader:
                 except FileNotFoundError:
                     raise StoreUnreadable(f"the store {self.location} has no copy of {key}") from None
                 except Exception as exc:  # OSError, or a backend's own (botocore's are not OSErrors)
-                    raise StoreUnreadable(f"reading {key} from {self.location} failed: {_reason(exc)}") from None
+                    raise StoreUnreadable(f"reading {key} from {self.location} failed: {failure(exc)}") from None
                 if not chunk:
                     break
                 chunk = chunk[:missing]  # never past the room reserved for the blob
@@ -138,7 +140,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

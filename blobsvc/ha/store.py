@@ -51,6 +51,7 @@ its key: a damaged copy is never served.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import secrets
@@ -67,12 +68,27 @@ from ..storage import _LockTable, make_dirs
 from ..storage._writeback import fsync_dir
 from ..wire._protocol import KEY_SIZE, ContentKey, JobBlob, WholeJob
 
-__all__ = ["BlobStore", "FileSystemBlobStore", "VoidBlobStore", "object_path", "open_blob_store", "open_files"]
+__all__ = [
+    "BUCKETED",
+    "BlobStore",
+    "FileSystemBlobStore",
+    "VoidBlobStore",
+    "check_store",
+    "failure",
+    "object_path",
+    "open_blob_store",
+    "open_files",
+]
+
+log = logging.getLogger("blobsvc.ha")
 
 CHUNK = 1 << 20
 _CONTENT_REF = "content"
 _DATA = "data"  # never a ref's name: refs are "content" or "<job hex>-<name hash hex>"
 _TEMP_PREFIX = ".tmp-"  # listings skip dot files
+# fsspec schemes whose first path component is a bucket: made only when asked (check_store's
+# create_bucket), never as a side effect of a write, since their makedirs creates one.
+BUCKETED = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 
 Writer = Callable[[bytes], object]
 
@@ -160,6 +176,8 @@ class _Files(Protocol):
     def listdir(self, path: str) -> list[str]: ...
     def remove(self, path: str) -> None: ...
     def move(self, path: str, new_path: str) -> None: ...
+    def check(self, create_bucket: bool) -> None:
+        """Raise :class:`OSError` naming the store unless it can be used (see :func:`check_store`)."""
 
 
 class _LocalFiles:
@@ -260,17 +278,28 @@ class _LocalFiles:
         os.replace(self._path(path), final)
         fsync_dir(final.parent)
 
+    def check(self, create_bucket: bool) -> None:
+        # A directory is made, as a data directory is; one that cannot be written is an error.
+        make_dirs(self.root)
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise PermissionError(f"the HA store {self.location} is not writable by this user")
+
 
 class _FsspecFiles:
     """Any fsspec filesystem: the final path is written directly, then its size checked."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
         import fsspec
 
         self.fs: Any
-        self.fs, root = fsspec.core.url_to_fs(url)
+        self.fs, root = fsspec.core.url_to_fs(url, **options)
         self.root = root.rstrip("/")
         self.location = url
+        self.bucketed = url.partition("://")[0].lower() in BUCKETED
+
+    def _make_parent(self, full: str) -> None:
+        if not self.bucketed:  # an object store's prefixes need no making (and its buckets must not be)
+            self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
 
     def _path(self, path: str) -> str:
         return f"{self.root}/{path}"
@@ -282,7 +311,7 @@ class _FsspecFiles:
 
     def write_file(self, path: str, source: Path, marker: str | None = None) -> None:
         full = self._path(path)
-        self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
+        self._make_parent(full)
         self.fs.put_file(str(source), full)
         self._checked(path, source.stat().st_size)
         if marker is not None:
@@ -290,13 +319,13 @@ class _FsspecFiles:
 
     def write_bytes(self, path: str, data: bytes) -> None:
         full = self._path(path)
-        self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
+        self._make_parent(full)
         self.fs.pipe_file(full, data)
         self._checked(path, len(data))
 
     def create_bytes(self, path: str, data: bytes) -> None:
         full = self._path(path)
-        self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
+        self._make_parent(full)
         # s3fs makes this a PUT with If-None-Match: *; fsspec's default checks, then writes.
         self.fs.pipe_file(full, data, mode="create")
         self._checked(path, len(data))
@@ -330,8 +359,25 @@ class _FsspecFiles:
 
     def move(self, path: str, new_path: str) -> None:
         full = self._path(new_path)
-        self.fs.makedirs(full.rpartition("/")[0], exist_ok=True)
+        self._make_parent(full)
         self.fs.mv(self._path(path), full)
+
+    def check(self, create_bucket: bool) -> None:
+        if not self.bucketed:
+            self.fs.makedirs(self.root, exist_ok=True)
+            self.fs.ls(self.root)
+            return
+        bucket = self.root.partition("/")[0]
+        try:
+            self.fs.info(bucket)
+        except FileNotFoundError:
+            if not create_bucket:
+                raise FileNotFoundError(
+                    f"the HA store's bucket {bucket!r} does not exist ({self.location}): create it, "
+                    "or let the server create it with --ha-create-bucket"
+                ) from None
+            self.fs.mkdir(bucket)
+            log.warning("created the HA store's bucket %r (ha_create_bucket)", bucket)
 
 
 def _key_dir(key: str) -> str:
@@ -587,21 +633,61 @@ class FileSystemBlobStore:
                 self.files.remove(self._key_dir(k))
 
 
-def open_blob_store(location: str | os.PathLike[str]) -> FileSystemBlobStore:
+def open_blob_store(location: str | os.PathLike[str], *, connect_timeout: float | None = None) -> FileSystemBlobStore:
     """The store at a directory path or an fsspec URL (``file://``, ``memory://``, ``s3://`` …)."""
-    return FileSystemBlobStore(open_files(location))
+    return FileSystemBlobStore(open_files(location, connect_timeout=connect_timeout))
 
 
-def open_files(location: str | os.PathLike[str]) -> _Files:
+def check_store(location: str | os.PathLike[str], *, create_bucket: bool, connect_timeout: float) -> None:
+    """Raise :class:`OSError`, one line naming the store, unless the store at ``location`` can
+    be used: a directory is made (or found writable); an fsspec URL's root is listed, and a
+    bucketed one's bucket (:data:`BUCKETED`) must exist unless ``create_bucket``, which makes
+    it. One attempt, connecting within ``connect_timeout``: a server checks its store at start
+    and exits on failure rather than find out at its first PUT."""
+    files = open_files(location, connect_timeout=connect_timeout, attempts=1)
+    try:
+        files.check(create_bucket)
+    except OSError as exc:
+        if files.location in str(exc):
+            raise
+        raise OSError(f"the HA store {files.location} cannot be used: {failure(exc)}") from None
+    except Exception as exc:  # a backend's own errors (botocore's) are not OSErrors
+        raise OSError(f"the HA store {files.location} cannot be reached: {failure(exc)}") from None
+
+
+def failure(exc: BaseException) -> str:
+    """A store's failure on one line: its type (a backend's own, botocore's say) and its text."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def open_files(
+    location: str | os.PathLike[str], *, connect_timeout: float | None = None, attempts: int | None = None
+) -> _Files:
     """The files of the store at ``location``: a directory's own, or an fsspec filesystem's.
     Nothing is created or read until asked; :class:`ImportError` when fsspec or the URL's
-    backend is not installed."""
+    backend is not installed. On ``s3://``, ``connect_timeout`` bounds each connection and
+    ``attempts`` the tries of each request (botocore's own retries, s3fs's on top); other
+    backends keep their own defaults."""
     text = str(location)
     if "://" not in text:
         return _LocalFiles(Path(text).expanduser())
     from fsspec.implementations.local import LocalFileSystem
 
-    files = _FsspecFiles(text)
+    files = _FsspecFiles(text, _s3_options(text, connect_timeout, attempts))
     if isinstance(files.fs, LocalFileSystem):  # file://, local://: a directory, with rename and fsync
         return _LocalFiles(Path(files.root or "/"), location=text)
     return files
+
+
+def _s3_options(url: str, connect_timeout: float | None, attempts: int | None) -> dict[str, Any]:
+    """s3fs's options bounding connections and tries: by default botocore waits 60 s for a
+    connection and tries 5 times, and s3fs 5 times over that (16 s to find an endpoint down)."""
+    if url.partition("://")[0].lower() not in ("s3", "s3a"):
+        return {}
+    config: dict[str, Any] = {}
+    if connect_timeout is not None:
+        config["connect_timeout"] = connect_timeout
+    if attempts is not None:
+        config["retries"] = {"max_attempts": attempts}
+    return {"config_kwargs": config} if config else {}

@@ -12,6 +12,8 @@ The rules, all kept here:
 * **Lost.** A host not heard from for ``lost_after`` seconds (``agent_lost_after``) is lost.
   That is a report to operators, not a lease: nothing is taken from a lost host, and its next
   heartbeat makes it live again.
+* **Stopped.** An agent that shuts down cleanly says so in a last heartbeat (``stopping``):
+  its host is listed as stopped, not lost, until its next heartbeat makes it live again.
 * **Forgotten.** A host not heard from for :func:`forget_after` seconds (a day, or 100 times
   ``lost_after`` when that is longer) is dropped: the listing keeps a day of departed hosts
   for an operator to look at, not every host that ever ran.
@@ -56,6 +58,7 @@ __all__ = [
     "FORGET_AFTER",
     "MAX_BYTES_PER_HOST",
     "MAX_HOSTS",
+    "STATES",
     "HostRecord",
     "HostRegistry",
     "HostReport",
@@ -65,6 +68,8 @@ __all__ = [
 
 log = logging.getLogger("blobsvc.server.hosts")
 
+# What a host is, in STATUS (hosts_<state>), HOSTS and the metrics.
+STATES = ("live", "lost", "stopped")
 # Far more executor hosts than one Spark cluster has. A listed host is at most ~900 bytes of
 # STATUS (its texts bounded below, its counters u64s), so all of them fit in one STATUS
 # document (MAX_STATUS_BYTES) with room to spare; tests/test_hosts.py checks it.
@@ -111,6 +116,8 @@ class HostReport:
     jobs: tuple[str, ...]
     fields: Mapping[str, int | str | None]
     """``host``, ``version`` and the counters; None for one not reported."""
+    stopping: bool = False
+    """The agent's last heartbeat: it is shutting down."""
 
     @classmethod
     def parse(cls, document: Mapping[str, Any]) -> HostReport:
@@ -139,7 +146,10 @@ class HostReport:
         for job in jobs:
             if not isinstance(job, str) or not _JOB_ID.fullmatch(job):
                 raise BadRequest(f"heartbeat field 'jobs' holds {shown(job)}, which is not a job id (32 hex digits)")
-        return cls(agent, tuple(dict.fromkeys(jobs)), fields)
+        stopping = document.get("stopping", False)
+        if type(stopping) is not bool:
+            raise BadRequest(f"heartbeat field 'stopping' must be true or false, not {shown(stopping)}")
+        return cls(agent, tuple(dict.fromkeys(jobs)), fields, stopping)
 
 
 def heartbeat_reply(interval: float, lost_after: float, gone_jobs: list[str]) -> dict[str, Any]:
@@ -182,6 +192,8 @@ class HostRecord:
     """``time.time()`` of the last heartbeat."""
     seen_clock: float
     """The monotonic clock's reading at the last heartbeat."""
+    stopping: bool
+    """The last heartbeat said the agent stops."""
 
 
 class HostRegistry:
@@ -215,7 +227,7 @@ class HostRegistry:
     def record(self, report: HostReport) -> None:
         """Note a heartbeat: the host is live as of now."""
         now = self._clock()
-        entry = HostRecord(report.agent, report.fields, len(report.jobs), self._wall_clock(), now)
+        entry = HostRecord(report.agent, report.fields, len(report.jobs), self._wall_clock(), now, report.stopping)
         with self._lock:
             self.heartbeats += 1
             self._forget(now)
@@ -238,12 +250,17 @@ class HostRegistry:
             hosts.move_to_end(report.agent)
 
     def states(self) -> dict[str, int]:
-        """How many hosts are live and lost, for STATUS and the metrics."""
+        """How many hosts are live, lost and stopped, for STATUS and the metrics."""
         now = self._clock()
         with self._lock:
             self._forget(now)
-            live = sum(now - record.seen_clock <= self.lost_after for record in self._hosts.values())
-            return {"live": live, "lost": len(self._hosts) - live}
+            states = [self._state(record, now) for record in self._hosts.values()]
+        return {state: states.count(state) for state in STATES}
+
+    def _state(self, record: HostRecord, now: float) -> str:
+        if record.stopping:
+            return "stopped"
+        return "live" if now - record.seen_clock <= self.lost_after else "lost"
 
     def listing(self) -> list[dict[str, Any]]:
         """Every host for HOSTS: live ones first, each group by agent address."""
@@ -253,7 +270,7 @@ class HostRegistry:
             records = list(self._hosts.values())
         listed = []
         for record in records:
-            state = "live" if now - record.seen_clock <= self.lost_after else "lost"
+            state = self._state(record, now)
             listed.append(
                 {
                     "agent": record.agent,

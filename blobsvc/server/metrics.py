@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..http._observe import RequestObserver, op_name, outcome_name
+from .hosts import STATES
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -182,10 +183,11 @@ class ServerMetrics:
             removed.add_metric([reason], count)
         yield removed
         agents = GaugeMetricFamily(
-            "blobsvc_agents", "Executor hosts whose agents report, by state (lost: no heartbeat lately).",
+            "blobsvc_agents",
+            "Executor hosts whose agents report, by state (lost: no heartbeat lately; stopped: said goodbye).",
             labels=["state"],
         )  # fmt: skip
-        for state in ("live", "lost"):
+        for state in STATES:
             agents.add_metric([state], status[f"hosts_{state}"])
         yield agents
         role = GaugeMetricFamily("blobsvc_role", "1 for the role this server has now.", labels=["role"])

@@ -19,7 +19,8 @@ The modules, one job each:
 * ``_handle``: :class:`Shipped`, the picklable handle tasks resolve paths through;
 * ``_local``: resolution through the host's BlobCache, and who holds a job's lease when;
 * ``_artifacts``: what is shipped, under which name;
-* ``_environment``: a packed Python environment for the Python workers, through each host's agent.
+* ``_environment``: a packed Python environment for the Python workers, through each host's agent;
+* ``_master``: the master a SparkContext about to start will run on, set or not.
 
 May import the cache, :mod:`blobsvc.driver`, the client, :mod:`blobsvc.http` and what lies
 below them; never the server, the agent or the benchmark.

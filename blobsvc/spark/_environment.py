@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pyspark
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from ..driver import _spark_conf
+from ..driver._contents import ARROW_MODULES, ARROW_UDF_KEY, arrow_warning
+from ._master import effective_master
 from ._publish import CONF_KEYS, conf_settings
 
 __all__ = ["environment"]
@@ -77,11 +82,19 @@ def environment(
     as its archive in the host cache: evicted (least recently used, under the cache's limit),
     both go, even under a Python worker still running from the tree.
 
+    The archive must hold ``bin/python`` at its root, which every Python worker runs; its
+    listing is read before anything is uploaded (see :mod:`blobsvc.driver._contents`). When
+    the session's Python UDFs will run with Arrow (Spark 4's default, with pyarrow and pandas
+    on the driver) and the archive holds no pyarrow or pandas, one line is logged at warning:
+    their tasks would fail with ``No module named 'pyarrow'``.
+
     Not for a ``local`` master, whose Python workers start in the driver's directory rather
-    than where archives and files are fetched to. A missing file, a name Spark does not
-    unpack, an alias that is no plain directory name, an ``unpack`` other than ``"host"`` or
-    ``"spark"``, no agent, a ``local`` master, or a SparkContext already running raises
-    :class:`InvalidArgument`.
+    than where archives and files are fetched to: the master Spark will use counts, the one
+    set on ``builder`` or, unset, the one spark-submit, ``spark-defaults.conf`` or Spark's
+    default ``local[*]`` gives (see :mod:`blobsvc.spark._master`). A missing file, a name
+    Spark does not unpack, an archive without ``bin/python``, an alias that is no plain
+    directory name, an ``unpack`` other than ``"host"`` or ``"spark"``, no agent, a
+    ``local`` master, or a SparkContext already running raises :class:`InvalidArgument`.
     """
     conf = _conf_of(builder)
     path = _spark_conf.archive_path(archive)
@@ -89,12 +102,20 @@ def environment(
     unpack = _spark_conf.check_unpack(unpack)
     if SparkContext._active_spark_context is not None:
         raise InvalidArgument("a SparkContext is running: stop it before giving a new one an environment")
-    master = conf.get("spark.master") or ""
+    master, source = effective_master(conf.get)
     if master.startswith("local") and not master.startswith("local-cluster"):
         # Spark unpacks archives into a temporary directory there, not where workers start.
-        raise InvalidArgument(f"master {master!r} runs Python workers where no archive is unpacked: use a cluster")
+        raise InvalidArgument(
+            f"master {master!r} ({source}) runs Python workers where no archive is unpacked: "
+            "set a cluster's (builder.master(...), --master, spark.master)"
+        )
     settings, _ = conf_settings(conf.get, server=server, agent_url=agent)
     agent_url = _spark_conf.agent_url(settings, f"pass agent=, or set {CONF_KEYS['agent_url']} or BLOBSVC_AGENT_URL")
+    contents = _spark_conf.environment_contents(path, settings)
+    if _arrow_udfs(conf.get):
+        warning = arrow_warning(path.name, contents, "Python UDFs (with Arrow: Spark 4's default) and pandas UDFs")
+        if warning is not None:
+            log.warning("%s", warning)
     with _spark_conf.blob_client(settings) as client:
         key, sent = _spark_conf.ship(client, path, settings.cache_dir / "digests")
     values = _spark_conf.environment_conf(
@@ -113,6 +134,17 @@ def environment(
     held = "uploaded" if sent else "held already"
     log.info("environment %s (%s, %s) through %s, unpacked by %s", path.name, key, held, agent_url, unpack)
     return builder
+
+
+def _arrow_udfs(get: Callable[[str], str | None]) -> bool:
+    """Whether this session's Python UDFs will run with Arrow, so that its workers import
+    pyarrow and pandas: as the conf says, else as this PySpark does by default (from Spark 4
+    on, when the driver has both; without them PySpark falls back to pickled rows)."""
+    value = get(ARROW_UDF_KEY)
+    if value is not None:
+        return value.strip().lower() == "true"
+    major = int(pyspark.__version__.split(".")[0])
+    return major >= 4 and all(importlib.util.find_spec(name) is not None for name in ARROW_MODULES)
 
 
 class _BuilderConf:

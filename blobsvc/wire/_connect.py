@@ -4,6 +4,7 @@ handshake when asked; above both :mod:`._netio` (the socket) and :mod:`._tls` (T
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import ssl
@@ -20,6 +21,7 @@ async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | No
     handshake (checking the certificate against ``host``) is part of connecting."""
     loop = asyncio.get_running_loop()
     errors: list[str] = []
+    refused = 0
     try:
         async with asyncio.timeout(timeout):
             infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -32,6 +34,7 @@ async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | No
                     sock.close()
                     # uvloop's strerror repeats the address; the errno says it plainly.
                     errors.append(f"{address[0]}: {os.strerror(exc.errno) if exc.errno else exc}")
+                    refused += exc.errno == errno.ECONNREFUSED
                     continue
                 except BaseException:
                     sock.close()
@@ -48,7 +51,13 @@ async def connect(host: str, port: int, timeout: float, tls: ssl.SSLContext | No
     except TimeoutError:
         raise ConnectTimeout(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
     except OSError as exc:
-        raise ConnectError(f"cannot resolve {host}: {exc.strerror or exc}") from None
+        error = ConnectError(f"cannot resolve {host}: {exc.strerror or exc}")
+        # A name that does not exist; a resolver that cannot be asked now (EAI_AGAIN) may answer later.
+        error.nobody_there = isinstance(exc, socket.gaierror) and exc.errno != socket.EAI_AGAIN
+        raise error from None
+    nobody_there = bool(errors) and refused == len(errors)
     if len(errors) == 1:  # the address is in the message already
         errors = [errors[0].partition(": ")[2]]
-    raise ConnectError(f"cannot connect to {host}:{port}: {'; '.join(errors) or 'no address'}")
+    error = ConnectError(f"cannot connect to {host}:{port}: {'; '.join(errors) or 'no address'}")
+    error.nobody_there = nobody_there
+    raise error

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import os
 import socket
@@ -221,4 +222,8 @@ def bind_listener(host: str, ports: range) -> socket.socket:
             continue
         sock.setblocking(False)
         return sock
+    if len(ports) == 1 and last_error is not None:
+        if last_error.errno == errno.EADDRINUSE:
+            raise OSError(f"port {ports.start} on {host} is in use")
+        raise OSError(f"cannot listen on {host}:{ports.start}: {last_error.strerror or last_error}")
     raise OSError(f"no free port in {ports.start}-{ports.stop - 1} on {host}: {last_error}")
