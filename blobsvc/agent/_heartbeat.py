@@ -70,6 +70,7 @@ class Heartbeats:
         self.interval = DEFAULT_INTERVAL
         self._next_job = 0  # where the next heartbeat's share of a long list of jobs begins
         self._failing = False
+        self._refused = False  # the server refused the agent's secret (or its lack of one)
 
     async def run(self) -> None:
         """Beat every interval until cancelled, or until the server refuses the agent's secret
@@ -84,11 +85,13 @@ class Heartbeats:
         try:
             reply = await self.client.heartbeat(await self.report())
         except AuthRequired as exc:
+            self._refused = True
             raise AuthRequired(
                 f"{exc}, and this agent has none: give it the server's (--secret-file), so that it serves "
                 "signed URLs only, not whatever the host's secret holders cached"
             ) from None
         except AuthFailed as exc:
+            self._refused = True
             raise AuthFailed(f"the server {self.client.server} refused this agent's secret ({exc})") from None
         except BlobError as exc:
             if not self._failing:
@@ -111,7 +114,10 @@ class Heartbeats:
             await asyncio.to_thread(self.source.gone, job.lower())
 
     async def farewell(self, timeout: float = FAREWELL_TIMEOUT) -> None:
-        """The last heartbeat, as the agent stops: the server lists the host as stopped."""
+        """The last heartbeat, as the agent stops: the server lists the host as stopped. None
+        from an agent the server refused: it was never listed, and would only be refused again."""
+        if self._refused:
+            return
         try:
             async with asyncio.timeout(timeout):
                 await self.client.heartbeat({**await self.report(), "jobs": [], "stopping": True})

@@ -183,7 +183,7 @@ def main(ctx: click.Context, config: str | None) -> None:
 @setting_option("zookeeper")
 @setting_option("cluster_id")
 @setting_option("ha_dir")
-@click.option("--ha-create-bucket/--no-ha-create-bucket", default=None, help=Settings.help("ha_create_bucket"))
+@click.option("--ha-create-bucket/--no-ha-create-bucket", default=None, help=setting_help("ha_create_bucket"))
 @setting_option("zookeeper_session_timeout")
 @setting_option("agent_heartbeat_interval")
 @setting_option("agent_lost_after")
