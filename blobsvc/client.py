@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
-import aiofiles.threadpool
 import blake3
 
 from ._exceptions import (
@@ -56,10 +55,10 @@ from ._exceptions import (
     error_for_code,
 )
 from .config import DEFAULT_PORT, Settings, parse_address
+from .files._filewrite import preallocate, pwrite_all
+from .files._pages import address_of, fresh_bytearray, prefault
+from .files._writeback import fsync_dir, start_writeback
 from .ha.discovery import LeaderResolver, is_zk_url
-from .storage._filewrite import preallocate, pwrite_all
-from .storage._pages import address_of, fresh_bytearray, prefault
-from .storage._writeback import fsync_dir, start_writeback
 from .wire._connect import connect
 from .wire._ids import JobLike, KeyLike, hash_file, job_bytes, key_bytes
 from .wire._netio import SocketStream
@@ -357,7 +356,7 @@ class _FileSink(_Sink):
     writes (``os.pwrite``) in turn, so a download holds at most ``BODY_BUFFERS`` of them in
     memory, whatever the blob's size. The file gets the disk blocks of the whole blob before
     its first byte, and each buffer is written in pieces the page cache takes cheaply (see
-    :mod:`blobsvc.storage._filewrite`). With ``fsync`` the disk starts on each written buffer at once
+    :mod:`blobsvc.files._filewrite`). With ``fsync`` the disk starts on each written buffer at once
     (the caller fsyncs at the end). ``fd`` stays the caller's to close."""
 
     def __init__(self, fd: int, size: int = 0, hasher: Any = None, *, fsync: bool = False) -> None:
@@ -1149,6 +1148,8 @@ async def _spool(stream: IO[bytes]) -> IO[bytes]:
     The copy is an ordinary async loop, each read and write off the event loop, so that a
     cancelled upload (Ctrl-C on ``blobsvc put -`` fed by a pipe that never ends) stops after
     the chunk in hand, without closing a file under a thread that is still writing to it."""
+    import aiofiles.threadpool  # here: only an upload from a pipe needs it
+
     spool = tempfile.TemporaryFile()  # noqa: SIM115 (the caller closes it)
     writer = aiofiles.threadpool.wrap(spool)
     try:

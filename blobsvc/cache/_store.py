@@ -43,7 +43,7 @@ from pathlib import Path, PurePosixPath
 import blake3
 
 from .._exceptions import BlobError
-from ..storage._layout import decode_name, encode_name, key_from_filename
+from ..files._layout import decode_name, encode_name, key_from_filename
 from ._counters import Counters
 from ._leases import LeaseFiles
 from ._lock import FileLock
