@@ -104,10 +104,14 @@ from .wire._tls import client_context_for
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
 
 CHUNK = 1 << 20
-# A file download receives into this many buffers of this size in turn, while the worker
-# hashes and writes the ones before: its memory stays this small whatever the blob's size.
-BODY_BUFFER = 8 << 20
-BODY_BUFFERS = 3
+# A file download receives into this many buffers of this size in turn, while the workers
+# hash and write the ones before: its memory stays this small whatever the blob's size. A
+# buffer is read three times (received into, hashed, written out) within a few milliseconds;
+# at 1 MiB it is still in the CPU's cache for the second and third: 256 MiB to a file took
+# 108-130 ms of client CPU with 1 MiB buffers against 153-168 with 8 MiB ones, 1.2-1.4 x as
+# fast (issue 27, benchmarks/RESULTS.md).
+BODY_BUFFER = 1 << 20
+BODY_BUFFERS = 8
 # A download into memory hands the hasher this much at a time.
 HASH_STEP = 8 << 20
 # A download into memory this large gets its pages made ready this far ahead of the socket.
