@@ -385,7 +385,7 @@ class _FileSink(_Sink):
                 await self._hashing.wait_oldest()
                 await self._moving.wait_oldest()
                 self._free.append(self._busy.popleft())
-            # A small blob gets a buffer of its size, not 8 MiB.
+            # A small blob gets a buffer of its size, not a whole BODY_BUFFER.
             self._buffer = self._free.pop() if self._free else bytearray(min(BODY_BUFFER, self._total - self.size))
         return memoryview(self._buffer)[self._fill : self._fill + most]
 
