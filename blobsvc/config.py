@@ -52,7 +52,7 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 @functools.cache
 def package_version() -> str:
     """blobsvc's installed version, as STATUS, heartbeats and metrics report it."""
-    from importlib import metadata  # ~10 ms of imports (email, zipfile) a client command does without
+    from importlib import metadata  # with email, zipfile and lzma: milliseconds a client command does without
 
     try:
         return metadata.version("blobsvc")
