@@ -14,8 +14,8 @@ SUSPENDED or LOST:
 kazoo and fsspec are the ``ha`` extra (``pip install blobsvc[ha]``); nothing here imports
 them until the zookeeper mode or a ``zk://`` URL asks for them.
 
-May import :mod:`blobsvc.storage`, :mod:`blobsvc.files`, :mod:`blobsvc.wire`, config and exceptions; never the
-server that asks it, the client or the HTTP face.
+May import :mod:`blobsvc.storage`, :mod:`blobsvc.files`, :mod:`blobsvc.wire`, config and
+exceptions; never the server that asks it, the client or the HTTP face.
 """
 
 import typing
