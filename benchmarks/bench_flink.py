@@ -342,32 +342,52 @@ def timed(side: Side, op: str, mode: str, size: int) -> Timing:
 
 class Ceiling:
     """What this machine allows the operation at all, measured between the two sides' runs:
-    a GET, a child process ``sendfile``-ing the bytes over loopback into one reused buffer
-    (``blobsvc bench``'s ``baseline_sendfile``); a PUT, the same received, written to a new
-    file and fsynced (``baseline_write_fsync``: what a PUT acknowledged as durable needs).
+    a child process ``sendfile``-s the bytes over loopback, received:
+
+    * for a GET into memory, into one reused buffer: the wire alone (a client that returns new
+      memory also pays its pages' first touch, which blobsvc's takes on a second thread);
+    * for a GET into a file, into a new file, not fsynced (neither client fsyncs a download);
+    * for a PUT, into a new file, fsynced (what a PUT acknowledged as durable needs), the
+      files kept until the cell ends: both servers keep what they store, so their page cache
+      grows by every upload, and the ceiling's does too.
+
     ``2 x Flink`` above it is out of reach of any client, not just of blobsvc's."""
 
     def __init__(self, work: Path) -> None:
         self.work = work
+        self._kept: list[Path] = []
         self._buffers: dict[int, memoryview] = {}
 
-    def measure(self, result: Throughput, op: str, size: int) -> None:
+    def measure(self, result: Throughput, op: str, mode: str, size: int) -> None:
         source = self.work / f"ceiling-{size}.bin"
         if not source.exists():
             make_source(source, size)
-        if op == "get":
+        receive: Callable[[socket.socket], None]
+        if op == "get" and mode == "memory":
             if size not in self._buffers:
                 self._buffers[size] = memoryview(bytearray(size))
-            receive: Callable[[socket.socket], None] = functools.partial(recv_into_all, view=self._buffers[size])
-        else:
+            receive = functools.partial(recv_into_all, view=self._buffers[size])
+        elif op == "get":
             sink = self.work / "ceiling-sink.bin"
             sink.unlink(missing_ok=True)
+            receive = functools.partial(receive_write_fsync, path=sink, count=size, fsync=False)
+        else:
+            sink = self.work / f"ceiling-kept-{len(self._kept)}.bin"
+            self._kept.append(sink)
             receive = functools.partial(receive_write_fsync, path=sink, count=size)
         measure(result, functools.partial(baseline_transfer, "sendfile", source, size, receive))
 
+    def end_cell(self) -> None:
+        for path in self._kept:
+            path.unlink(missing_ok=True)
+        self._kept.clear()
+        (self.work / "ceiling-sink.bin").unlink(missing_ok=True)
+
     @staticmethod
-    def name(op: str) -> str:
-        return "baseline_sendfile" if op == "get" else "baseline_write_fsync"
+    def name(op: str, mode: str) -> str:
+        if op == "put":
+            return "baseline_write_fsync_kept"
+        return "baseline_sendfile" if mode == "memory" else "baseline_sendfile_new_file"
 
 
 def measure_large(
@@ -376,13 +396,14 @@ def measure_large(
     """Both sides' runs in turn, the ceiling's between turns; keyed by side, and ``ceiling``."""
     label = size_label(size)
     results = {side.name: Throughput(f"{side.name}_{op}_{mode}_{label}", size, op == "put") for side in sides}
-    results["ceiling"] = Throughput(f"{Ceiling.name(op)}_{label}", size, op == "put")
+    results["ceiling"] = Throughput(f"{Ceiling.name(op, mode)}_{label}", size, op == "put")
     for side in sides:
         side.run(op, mode, size, 1, 0.0)  # untimed: the JIT, the page cache, the connection
     for turn in range(repeat):
         for side in in_turn(sides, turn):
             measure(results[side.name], functools.partial(timed, side, op, mode, size))
-        ceiling.measure(results["ceiling"], op, size)
+        ceiling.measure(results["ceiling"], op, mode, size)
+    ceiling.end_cell()
     return results
 
 

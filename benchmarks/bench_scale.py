@@ -33,7 +33,7 @@ import blake3
 
 from blobsvc import AsyncBlobClient
 from blobsvc.bench._measure import ServerProcess, choose_tmp_parent, emit, machine, run_async
-from blobsvc.storage._layout import Layout
+from blobsvc.files._layout import Layout
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_GETS = 2000

@@ -14,11 +14,18 @@ contracts, run by scripts/test), top down:
   (fast path, job gates, logs, metrics, the hosts' registry);
 * :mod:`blobsvc.ha`, :mod:`blobsvc.http`: high availability; the HTTP face and the connection
   machinery the server and the agent share;
-* :mod:`blobsvc.storage`: the server's disk (layout, journal, group commit, file writing);
+* :mod:`blobsvc.storage`: the server's disk (journal, group commit, recently read blobs);
+* :mod:`blobsvc.files`: local files as every part writes them (layout, file writing, writeback);
 * :mod:`blobsvc.wire`: the protocol, sockets, TLS;
-* :mod:`blobsvc.config`, then ``_exceptions``.
+* :mod:`blobsvc.config`, then ``_exceptions`` and ``_lazy`` (the re-exports below).
+
+Importing the package, or a part of it, loads only what that part needs: the names below
+that live in other parts (the client, the server, the cache) are loaded on first use.
 """
 
+import typing
+
+from . import _lazy
 from ._exceptions import (
     AuthFailed,
     AuthRequired,
@@ -49,13 +56,30 @@ from ._exceptions import (
     UnsupportedVersion,
     WriteTimeout,
 )
-from .cache import BlobCache
-from .client import AsyncBlobClient, BlobClient, BlobInfo
-from .config import Settings
-from .server import BlobServer
-from .storage import BlobStorage
-from .wire._ids import digest_of, new_job_id
-from .wire._tls import client_tls_context, server_tls_context
+
+# The rest is loaded when first asked for (blobsvc.BlobServer, from blobsvc import BlobClient):
+# a client, a PySpark worker or the command line imports only the parts it uses.
+if typing.TYPE_CHECKING:
+    from .cache import BlobCache
+    from .client import AsyncBlobClient, BlobClient, BlobInfo
+    from .config import Settings
+    from .server import BlobServer
+    from .storage import BlobStorage
+    from .wire._ids import digest_of, new_job_id
+    from .wire._tls import client_tls_context, server_tls_context
+
+__getattr__, __dir__ = _lazy.lazy_exports(
+    __name__,
+    {
+        ".cache": ["BlobCache"],
+        ".client": ["AsyncBlobClient", "BlobClient", "BlobInfo"],
+        ".config": ["Settings"],
+        ".server": ["BlobServer"],
+        ".storage": ["BlobStorage"],
+        ".wire._ids": ["digest_of", "new_job_id"],
+        ".wire._tls": ["client_tls_context", "server_tls_context"],
+    },
+)
 
 __all__ = [
     "AsyncBlobClient",

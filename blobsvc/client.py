@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
-import aiofiles.threadpool
 import blake3
 
 from ._exceptions import (
@@ -56,10 +55,10 @@ from ._exceptions import (
     error_for_code,
 )
 from .config import DEFAULT_PORT, Settings, parse_address
+from .files._filewrite import preallocate, pwrite_all
+from .files._pages import address_of, fresh_bytearray, prefault
+from .files._writeback import fsync_dir, start_writeback
 from .ha.discovery import LeaderResolver, is_zk_url
-from .storage._filewrite import preallocate, pwrite_all
-from .storage._pages import address_of, fresh_bytearray, prefault
-from .storage._writeback import fsync_dir, start_writeback
 from .wire._connect import connect
 from .wire._ids import JobLike, KeyLike, hash_file, job_bytes, key_bytes
 from .wire._netio import SocketStream
@@ -105,10 +104,14 @@ from .wire._tls import client_context_for
 __all__ = ["AsyncBlobClient", "BlobClient", "BlobInfo", "Progress", "Source"]
 
 CHUNK = 1 << 20
-# A file download receives into this many buffers of this size in turn, while the worker
-# hashes and writes the ones before: its memory stays this small whatever the blob's size.
-BODY_BUFFER = 8 << 20
-BODY_BUFFERS = 3
+# A file download receives into this many buffers of this size in turn, while the workers
+# hash and write the ones before: its memory stays this small whatever the blob's size. A
+# buffer is read three times (received into, hashed, written out) within a few milliseconds;
+# at 1 MiB it is still in the CPU's cache for the second and third: 256 MiB to a file took
+# 108-130 ms of client CPU with 1 MiB buffers against 153-168 with 8 MiB ones, 1.2-1.4 x as
+# fast (issue 27, benchmarks/RESULTS.md).
+BODY_BUFFER = 1 << 20
+BODY_BUFFERS = 8
 # A download into memory hands the hasher this much at a time.
 HASH_STEP = 8 << 20
 # A download into memory this large gets its pages made ready this far ahead of the socket.
@@ -357,7 +360,7 @@ class _FileSink(_Sink):
     writes (``os.pwrite``) in turn, so a download holds at most ``BODY_BUFFERS`` of them in
     memory, whatever the blob's size. The file gets the disk blocks of the whole blob before
     its first byte, and each buffer is written in pieces the page cache takes cheaply (see
-    :mod:`blobsvc.storage._filewrite`). With ``fsync`` the disk starts on each written buffer at once
+    :mod:`blobsvc.files._filewrite`). With ``fsync`` the disk starts on each written buffer at once
     (the caller fsyncs at the end). ``fd`` stays the caller's to close."""
 
     def __init__(self, fd: int, size: int = 0, hasher: Any = None, *, fsync: bool = False) -> None:
@@ -382,7 +385,7 @@ class _FileSink(_Sink):
                 await self._hashing.wait_oldest()
                 await self._moving.wait_oldest()
                 self._free.append(self._busy.popleft())
-            # A small blob gets a buffer of its size, not 8 MiB.
+            # A small blob gets a buffer of its size, not a whole BODY_BUFFER.
             self._buffer = self._free.pop() if self._free else bytearray(min(BODY_BUFFER, self._total - self.size))
         return memoryview(self._buffer)[self._fill : self._fill + most]
 
@@ -1165,6 +1168,8 @@ async def _spool(stream: IO[bytes]) -> IO[bytes]:
     The copy is an ordinary async loop, each read and write off the event loop, so that a
     cancelled upload (Ctrl-C on ``blobsvc put -`` fed by a pipe that never ends) stops after
     the chunk in hand, without closing a file under a thread that is still writing to it."""
+    import aiofiles.threadpool  # here: only an upload from a pipe needs it
+
     spool = tempfile.TemporaryFile()  # noqa: SIM115 (the caller closes it)
     writer = aiofiles.threadpool.wrap(spool)
     try:

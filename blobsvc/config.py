@@ -20,7 +20,6 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
 
@@ -56,6 +55,8 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 @functools.cache
 def package_version() -> str:
     """blobsvc's installed version, as STATUS, heartbeats and metrics report it."""
+    from importlib import metadata  # with email, zipfile and lzma: milliseconds a client command does without
+
     try:
         return metadata.version("blobsvc")
     except metadata.PackageNotFoundError:

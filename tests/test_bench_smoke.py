@@ -139,6 +139,12 @@ def test_quick_transfer_ab_benchmark_measures_both_trees_in_turn(tmp_path: Path)
     assert list(tmp_path.iterdir()) == []
 
 
+def test_quick_startup_benchmark_times_each_command_against_the_bare_interpreter() -> None:
+    records = run_quick("benchmarks.bench_startup")
+    assert {record["command"] for record in records} >= {"floor", "blobsvc --version", "blobsvc stat KEY"}
+    assert all(record["median_s"] > 0 and record["tree"] == "this" for record in records)
+
+
 def test_quick_pages_benchmark_times_recycled_and_idle_pages_of_each_kind(tmp_path: Path) -> None:
     records = run_quick("benchmarks.experiments.bench_pages", "--tmp-dir", str(tmp_path))
     kinds = {record["bench"]: record for record in records if "median_MB_s" in record}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from blobsvc.storage._filewrite import WRITE_PIECE, preallocate, pwrite_all
+from blobsvc.files._filewrite import WRITE_PIECE, preallocate, pwrite_all
 
 MiB = 1 << 20
 

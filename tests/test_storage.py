@@ -11,8 +11,8 @@ import blake3
 import pytest
 
 from blobsvc import DigestMismatch, NotFound
+from blobsvc.files._layout import decode_name, encode_name
 from blobsvc.storage import BlobStorage
-from blobsvc.storage._layout import decode_name, encode_name
 from blobsvc.wire._protocol import ContentKey, JobBlob, WholeJob
 
 from .conftest import put_streamed as put

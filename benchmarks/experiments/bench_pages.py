@@ -6,7 +6,7 @@ A VM whose kernel reports free pages to its hypervisor (virtio-balloon's free pa
 reporting) gives back what lies free for a moment; the next first write of such a page
 faults in the hypervisor before the guest can use it. Each round writes ``--size-mib`` into
 a new file (the page cache, as ``get_file`` and the server's uploads do), 8 MiB a call
-(``file_8MiB``) and :data:`~blobsvc.storage._filewrite.WRITE_PIECE` a call as blobsvc does
+(``file_8MiB``) and :data:`~blobsvc.files._filewrite.WRITE_PIECE` a call as blobsvc does
 (``file_256KiB``: the kernel sizes page-cache folios by the write), and into a new
 ``bytearray`` (``memory``, as ``get()`` does), twice each: right after the same amount was
 freed (``recycled``: the pages come straight back) and after ``--idle`` seconds of rest
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from blobsvc.bench import _measure as m
-from blobsvc.storage._filewrite import WRITE_PIECE, pwrite_all
+from blobsvc.files._filewrite import WRITE_PIECE, pwrite_all
 
 MiB = 1 << 20
 PIECE = 8 * MiB  # as a download's buffers

@@ -13,17 +13,19 @@ that its ``blobsvc serve`` and its ``AsyncBlobClient`` are both that tree's; eac
 its own server and data directory, and both read one source file. The workers take turns, one
 operation each (the order swapped every round), each after an ``os.sync()``: ``put`` is
 ``AsyncBlobClient.put(path, job=, name=)`` of a blob the server no longer holds, ``get`` a
-download into memory, ``get_file`` one to a file. Between rounds the baselines of
-``blobsvc bench`` are taken: a ``sendfile`` received into memory, and received, written and
-fsynced. A line per tree and operation gives MB/s (10^6 B/s; best, median, every run) and
-the median CPU milliseconds of server and client per operation; the last line is
-``{"summary": …}``, each median over its baseline's median.
+download into memory, ``get_file`` one to a file. Between rounds the baselines are taken: a
+``sendfile`` received into memory (for ``get``), received into a new file (for ``get_file``,
+which leaves its bytes to the page cache too), and received, written and fsynced (for ``put``).
+A line per tree and operation gives MB/s (10^6 B/s; best, median, every run) and the median
+CPU milliseconds of server and client per operation; the last line is ``{"summary": …}``,
+each median over its baseline's median.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import resource
@@ -39,7 +41,7 @@ from typing import IO, Any
 from blobsvc.bench import _measure as m
 
 OPS = ("put", "get", "get_file")
-BASELINE = {"put": "baseline_write_fsync", "get": "baseline_sendfile", "get_file": "baseline_sendfile"}
+BASELINE = {"put": "baseline_write_fsync", "get": "baseline_sendfile", "get_file": "baseline_write"}
 JOB = "ab00ab00ab00ab00ab00ab00ab00ab00"
 
 
@@ -124,14 +126,19 @@ class _Worker:
             self.process.wait(m.IO_TIMEOUT)
 
 
-def _baselines(source: Path, size: int, work: Path, view: memoryview) -> dict[str, float]:
+def _baselines(source: Path, size: int, work: Path, view: memoryview) -> dict[str, m.Timing]:
+    """Each baseline's seconds, receiver CPU seconds and sender CPU seconds."""
     sink = work / "baseline.bin"
     os.sync()
-    write_fsync = m.baseline_transfer("sendfile", source, size, lambda s: m.receive_write_fsync(s, sink, size))[0]
+    write_fsync = m.baseline_transfer("sendfile", source, size, lambda s: m.receive_write_fsync(s, sink, size))
     sink.unlink()
     os.sync()
-    sendfile = m.baseline_transfer("sendfile", source, size, lambda s: m.recv_into_all(s, view))[0]
-    return {"baseline_write_fsync": write_fsync, "baseline_sendfile": sendfile}
+    sendfile = m.baseline_transfer("sendfile", source, size, lambda s: m.recv_into_all(s, view))
+    os.sync()
+    unsynced = functools.partial(m.receive_write_fsync, path=sink, count=size, fsync=False)
+    write = m.baseline_transfer("sendfile", source, size, unsynced)
+    sink.unlink()
+    return {"baseline_write_fsync": write_fsync, "baseline_sendfile": sendfile, "baseline_write": write}
 
 
 def _rates(size: int, seconds: list[float]) -> dict[str, Any]:
@@ -165,17 +172,21 @@ def main(argv: list[str] | None = None) -> int:
         m.make_source(source, size)
         workers = [_Worker(tree, source, work / f"tree-{i}") for i, tree in enumerate(trees)]
         runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        baselines: dict[str, list[float]] = {}
+        baselines: dict[str, list[m.Timing]] = {}
         view = memoryview(bytearray(size))
         for round_ in range(args.rounds):
             for op in args.ops:
                 for i in range(2) if round_ % 2 == 0 else (1, 0):
                     runs.setdefault((op, i), []).append(workers[i].run(op))
-            for name, seconds in _baselines(source, size, work, view).items():
-                baselines.setdefault(name, []).append(seconds)
-        medians = {name: statistics.median(size / s / m.MB for s in seconds) for name, seconds in baselines.items()}
-        for name, times in baselines.items():
-            m.emit({"bench": name, "size": size, **_rates(size, times)})
+            for name, timing in _baselines(source, size, work, view).items():
+                baselines.setdefault(name, []).append(timing)
+        medians = {name: statistics.median(size / t[0] / m.MB for t in timings) for name, timings in baselines.items()}
+        for name, timings in baselines.items():
+            record = {"bench": name, "size": size, **_rates(size, [t[0] for t in timings])}
+            # The sender stands for the server, the receiver for the client.
+            record["server_cpu_ms"] = round(statistics.median(t[2] or 0.0 for t in timings) * 1e3, 1)
+            record["client_cpu_ms"] = round(statistics.median(t[1] for t in timings) * 1e3, 1)
+            m.emit(record)
         summary: dict[str, float] = {}
         for (op, i), records in runs.items():
             record = {"bench": op, "size": size, "tree": trees[i], **_rates(size, [r["seconds"] for r in records])}

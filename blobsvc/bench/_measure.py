@@ -354,7 +354,9 @@ def copy_send_all(sock: socket.socket, fd: int, count: int) -> None:
         offset += n
 
 
-def receive_write_fsync(sock: socket.socket, path: Path, count: int) -> None:
+def receive_write_fsync(sock: socket.socket, path: Path, count: int, *, fsync: bool = True) -> None:
+    """Receive ``count`` bytes into a new file at ``path``, then fsync it (unless not ``fsync``:
+    what a download that leaves its bytes to the page cache costs)."""
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -368,7 +370,8 @@ def receive_write_fsync(sock: socket.socket, path: Path, count: int) -> None:
             while rest:
                 rest = rest[os.write(fd, rest) :]
             got += n
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -46,7 +46,7 @@ from pathlib import Path, PurePosixPath
 import blake3
 
 from .._exceptions import BlobError
-from ..storage._layout import decode_name, encode_name, key_from_filename
+from ..files._layout import decode_name, encode_name, key_from_filename
 from . import _trees
 from ._counters import Counters
 from ._leases import LeaseFiles

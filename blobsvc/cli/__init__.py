@@ -5,7 +5,12 @@ failed (not found, refused, unreachable); 2 for a usage error.
 
 The part ``blobsvc/cli/``: this module (the commands) and its helpers ``_cli_settings``
 (options that are settings) and ``_cache_cli`` (``blobsvc cache``). The top floor: it may
-import every other part.
+import every other part, but at the top only click, the settings and its helpers: each
+command imports the parts it uses (the client, the server, the agent) in its own body, so
+that ``--help``, ``--version`` and a client command start in a few tens of milliseconds. A
+command group lives in a module of its own, as ``_cache_cli`` does, whose commands import
+their part of blobsvc when they run; it is registered at the end of this module with
+``main.add_command``. ``tests/test_imports.py`` fails when ``--help`` loads more.
 """
 
 from __future__ import annotations
@@ -23,23 +28,21 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from .._exceptions import BlobError, InvalidArgument
-from ..agent import Agent
-from ..client import AsyncBlobClient, BlobInfo, Progress
 from ..config import LOG_FORMATS, LOG_LEVELS, Settings, parse_size
-from ..driver import _spark_conf
-from ..http import blob_url
-from ..server import BlobServer
-from ..server._logs import configure as configure_logs
-from ..server._logs import log_recovery
-from ..server.metrics import MetricsUnavailable
-from ..wire._tls import client_context_for
+from ..driver import _conf_defaults
 from ._cache_cli import cache
 from ._cli_settings import CONFIG_HELP, config_option, given_before, load_settings, setting_help, setting_option
+
+# What a command needs beyond click and the settings (the client, the server, the agent, the
+# bench, the Spark conf) it imports when it runs: --version, --help and a client command then
+# load only what they use (tests/test_imports.py keeps it so).
+if TYPE_CHECKING:
+    from ..client import AsyncBlobClient, BlobInfo, Progress
 
 __all__ = ["main"]
 
@@ -199,6 +202,9 @@ def serve(ctx: click.Context, /, **options: Any) -> None:
     Prints "listening on HOST:PORT" once it accepts connections. With no options it stores
     blobs under a local data directory, standalone.
     """
+    from ..server._logs import configure as configure_logs
+    from ..server.metrics import MetricsUnavailable
+
     settings = load_settings(ctx, options)
     configure_logs(settings.log_level, settings.log_format)
     try:
@@ -224,6 +230,9 @@ def _stop_on_signals(abort: Callable[[], None]) -> asyncio.Event:
 
 
 async def _serve(settings: Settings) -> None:
+    from ..server import BlobServer
+    from ..server._logs import log_recovery
+
     server = BlobServer(settings)
     await server.start()
     assert server.recovery is not None
@@ -275,6 +284,8 @@ def agent(ctx: click.Context, /, **options: Any) -> None:
     downloaded once per host from the server (-s), verified, and shared by every application.
     Prints "agent listening on HOST:PORT" once it accepts connections; /metrics has its counts.
     """
+    from ..server._logs import configure as configure_logs
+
     settings = load_settings(ctx, options)
     configure_logs(settings.log_level, settings.log_format)
     try:
@@ -284,6 +295,8 @@ def agent(ctx: click.Context, /, **options: Any) -> None:
 
 
 async def _serve_agent(settings: Settings) -> None:
+    from ..agent import Agent
+
     host_agent = Agent(settings)
     await host_agent.start()
     stop = _stop_on_signals(host_agent.slots.abort)
@@ -306,6 +319,8 @@ def _client_command(func: Callable[..., Coroutine[Any, Any, None]]) -> Callable[
     @functools.wraps(func)
     @click.pass_context
     def command(ctx: click.Context, /, **args: Any) -> None:
+        from ..client import AsyncBlobClient
+
         settings = load_settings(ctx, {name: args.pop(name) for name in CLIENT_SETTINGS})
 
         async def go() -> None:
@@ -549,6 +564,8 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
 
     The URL is signed with the shared secret when --secret-file (or BLOBSVC_SECRET_FILE) is set.
     """
+    from ..http import blob_url
+
     settings = load_settings(ctx, options)
     if key is None and (job is None or name is None):
         raise click.UsageError("name the blob with a KEY, or --job and --name")
@@ -571,14 +588,14 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
 )
 @click.option(
     "--alias",
-    default=_spark_conf.DEFAULT_ALIAS,
+    default=_conf_defaults.DEFAULT_ALIAS,
     show_default=True,
     help="Name of the environment in each executor's working directory (host: ./ALIAS-python, spark: ./ALIAS/).",
 )
 @click.option(
     "--unpack",
-    type=click.Choice(_spark_conf.UNPACK_MODES),
-    default=_spark_conf.DEFAULT_UNPACK,
+    type=click.Choice(_conf_defaults.UNPACK_MODES),
+    default=_conf_defaults.DEFAULT_UNPACK,
     show_default=True,
     help="Who unpacks the environment: each host's agent, once per host (host), or Spark in every executor (spark).",
 )
@@ -606,7 +623,7 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
 @click.option(
     "--expires-in",
     type=click.FloatRange(min=0, min_open=True),
-    default=_spark_conf.URL_LIFETIME,
+    default=_conf_defaults.URL_LIFETIME,
     show_default=True,
     help="Seconds the URLs stay valid when signed (executors that join later fetch them then).",
 )
@@ -637,6 +654,8 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
     uploaded; one without pyarrow and pandas gets a warning on stderr (Python UDFs run with
     Arrow in Spark 4, pandas UDFs always).
     """
+    from ..driver import _spark_conf
+
     if environment is None and not jars:
         raise click.UsageError("give --environment, --jar or both")
     if driver_python is not None and (deploy_mode == "cluster" or environment is None):
@@ -726,6 +745,7 @@ def bench(
     """
     from .. import bench as benchmark
     from ..bench import _measure
+    from ..wire._tls import client_context_for
 
     ctx = click.get_current_context()
     server = server or given_before(ctx, "server")  # blobsvc -s HOST:PORT bench, as other commands take it

@@ -13,13 +13,15 @@ import os
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..cache import CacheStore
 from ..config import ENV_PREFIX
 from ._cli_settings import config_option, load_settings, setting_option
+
+if TYPE_CHECKING:  # imported when a command runs: the rest of the command line never loads the cache
+    from ..cache import CacheStore
 
 __all__ = ["cache"]
 
@@ -41,6 +43,8 @@ def _when(timestamp: float | None) -> str:
 
 
 def _store(ctx: click.Context, directory: str | None) -> CacheStore:
+    from ..cache import CacheStore
+
     directory = str(load_settings(ctx, {"cache_dir": directory}).cache_dir)
     if not (Path(directory) / "content").is_dir():  # never lay a cache out in a stranger's directory
         raise click.ClickException(f"{directory} is not a blob cache: it has no content/ directory")

@@ -2,7 +2,7 @@
 and the command line's ``blobsvc spark-conf`` share.
 
 * ``_spark_conf``: the Spark conf that has every host fetch a packed Python environment and
-  jars through its agent;
+  jars through its agent; ``_conf_defaults``, its defaults, which ``--help`` shows;
 * ``_digests``: the driver's memory of file digests, so that an unchanged file is not read;
 * ``_contents``: what a packed environment holds, read from its archive's listing before it
   is shipped (no ``bin/python``: refused; no pyarrow: a warning).

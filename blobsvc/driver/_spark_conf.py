@@ -28,6 +28,7 @@ from ..client import BlobClient
 from ..config import Settings
 from ..http import blob_url, python_path, signed_url
 from ..wire._tls import client_context_for
+from ._conf_defaults import ARCHIVE_SUFFIXES, DEFAULT_ALIAS, DEFAULT_UNPACK, UNPACK_MODES, URL_LIFETIME
 from ._contents import Contents, checked_contents
 from ._digests import file_digest
 
@@ -49,15 +50,6 @@ __all__ = [
     "url",
 ]
 
-# What Spark's fetcher unpacks, chosen by the file name the URL's path ends with
-# (Utils.unpack); a file of any other name it leaves packed, and the interpreter is not there.
-ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
-DEFAULT_ALIAS = "environment"
-UNPACK_MODES = ("host", "spark")
-DEFAULT_UNPACK = "host"
-# Executors that join later (dynamic allocation, a lost executor replaced) fetch spark.archives
-# and spark.jars then: their signed URLs must outlive any application.
-URL_LIFETIME = 7 * 24 * 3600.0
 # The directory Spark unpacks into, and a URL fragment: no "/", no "," (it separates entries).
 _ALIAS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 

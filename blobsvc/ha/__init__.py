@@ -14,12 +14,27 @@ SUSPENDED or LOST:
 kazoo and fsspec are the ``ha`` extra (``pip install blobsvc[ha]``); nothing here imports
 them until the zookeeper mode or a ``zk://`` URL asks for them.
 
-May import :mod:`blobsvc.storage`, :mod:`blobsvc.wire`, config and exceptions; never the
-server that asks it, the client or the HTTP face.
+May import :mod:`blobsvc.storage`, :mod:`blobsvc.files`, :mod:`blobsvc.wire`, config and
+exceptions; never the server that asks it, the client or the HTTP face.
 """
 
-from .coordinator import HighAvailability, Standalone, ZooKeeperHA, high_availability
-from .store import BlobStore, FileSystemBlobStore, VoidBlobStore, open_blob_store
+import typing
+
+from .. import _lazy
+
+# Loaded on first use: a client that finds the leader (discovery) or a cache that reads the
+# store (reads) loads neither the coordinator nor the server's storage under it.
+if typing.TYPE_CHECKING:
+    from .coordinator import HighAvailability, Standalone, ZooKeeperHA, high_availability
+    from .store import BlobStore, FileSystemBlobStore, VoidBlobStore, open_blob_store
+
+__getattr__, __dir__ = _lazy.lazy_exports(
+    __name__,
+    {
+        ".coordinator": ["HighAvailability", "Standalone", "ZooKeeperHA", "high_availability"],
+        ".store": ["BlobStore", "FileSystemBlobStore", "VoidBlobStore", "open_blob_store"],
+    },
+)
 
 __all__ = [
     "BlobStore",

@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 
 from .._exceptions import BlobError, InternalError, NotLeader
 from ..config import Settings
+from ..files._layout import key_from_filename
 from ..storage import BlobStorage, StagedUpload
-from ..storage._layout import key_from_filename
 from ..wire._protocol import ContentKey, JobBlob, WholeJob
 from .discovery import INSTALL_HINT, ZkPaths, check_cluster_id, connect_zookeeper, require_kazoo
 from .store import FileSystemBlobStore, check_store, failure, open_blob_store

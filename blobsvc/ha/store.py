@@ -64,8 +64,8 @@ from typing import Any, NamedTuple, Protocol
 import blake3
 
 from .._exceptions import DigestMismatch, NotFound, NotLeader
-from ..storage import _LockTable, make_dirs
-from ..storage._writeback import fsync_dir
+from ..files._locks import LockTable, make_dirs
+from ..files._writeback import fsync_dir
 from ..wire._protocol import KEY_SIZE, ContentKey, JobBlob, WholeJob
 
 __all__ = [
@@ -440,8 +440,8 @@ class FileSystemBlobStore:
     def __init__(self, files: _Files) -> None:
         self.files = files
         self.location = files.location
-        self._keys = _LockTable()
-        self._jobs = _LockTable()
+        self._keys = LockTable()
+        self._jobs = LockTable()
 
     # --- paths ------------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import h11
@@ -60,12 +60,14 @@ from .._exceptions import (
 )
 from .._numbers import TooManyDigits, parse_decimal
 from ..config import Settings
-from ..storage import OpenBlob
 from ..wire._ids import JobLike, KeyLike, job_bytes, key_bytes
 from ..wire._netio import SocketStream, body_deadline, header_deadline
 from ..wire._protocol import MAGIC, ContentKey, JobBlob, name_error
 from ._observe import ABORTED, RequestObserver, http_outcome, op_name
 from ._slots import Connection, Slots
+
+if TYPE_CHECKING:  # the files it sends are opened by its host: URLs alone (Spark, the driver) load no storage
+    from ..storage import OpenBlob
 
 __all__ = [
     "BlobOpener",
@@ -274,7 +276,7 @@ def text_response(status: int, message: str, headers: list[tuple[str, str]] | No
 Route = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
-BlobOpener = Callable[[ContentKey | JobBlob], Awaitable[OpenBlob]]
+BlobOpener = Callable[[ContentKey | JobBlob], Awaitable["OpenBlob"]]
 
 
 class HttpFace:

@@ -71,7 +71,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import NotLeader
-from ..storage._layout import key_from_filename
+from ..files._layout import key_from_filename
 from ..storage._readclock import READ_GRANULARITY, ReadClock
 from ..wire._protocol import ContentKey
 from ..wire._threads import wait_out

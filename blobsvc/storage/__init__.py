@@ -1,6 +1,6 @@
 """The server's blobs on local disk: staging, atomic publication, sharing, deletion, recovery.
 
-The layout is drawn in :mod:`blobsvc.storage._layout`. What this module promises, each pinned by
+The layout is drawn in :mod:`blobsvc.files._layout`. What this module promises, each pinned by
 ``tests/test_storage.py``:
 
 1. **Nothing partial is ever visible, nothing acknowledged is lost.** An upload is written
@@ -26,10 +26,10 @@ Opening a blob for reading takes no lock at all: published files are never modif
 place, so an open descriptor always sees one complete version.
 
 The part ``blobsvc/storage/``: this module (staging, publication, deletion, recovery) and its
-helpers: ``_layout`` (where files live), ``_journal`` (small publications, one append and one
-flush a batch), ``_commit`` (group commit), ``_filewrite``, ``_writeback`` and ``_pages``
-(writing files and memory; the client uses them too), ``_hotblobs`` (recently read small
-blobs), ``_readclock`` (reads recorded in atimes, for retention). May import
+helpers: ``_journal`` (small publications, one append and one flush a batch), ``_commit``
+(group commit), ``_hotblobs`` (recently read small blobs), ``_readclock`` (reads recorded in
+atimes, for retention). Where files live and how they are written (shared with the client,
+the cache and the HA store) is :mod:`blobsvc.files`. May import :mod:`blobsvc.files`,
 :mod:`blobsvc.wire`, :mod:`blobsvc.config` and :mod:`blobsvc._exceptions`. Its helpers never
 import this module, but for ``_commit``, which sits above it (the server calls it).
 """
@@ -57,14 +57,15 @@ from typing import TypeVar
 import blake3
 
 from .._exceptions import DigestMismatch, InsufficientStorage, InternalError, NotFound
+from ..files._filewrite import preallocate, pwrite_all
+from ..files._layout import Layout, decode_name, key_from_filename
+from ..files._locks import LockTable, make_dirs
+from ..files._writeback import fsync_dir, start_writeback
 from ..wire._ids import hash_file
 from ..wire._protocol import ContentKey, JobBlob, ListEntry, WholeJob
-from ._filewrite import preallocate, pwrite_all
 from ._hotblobs import HotBlob, HotBlobs
 from ._journal import SEGMENT_BYTES, Journal, Record
-from ._layout import Layout, decode_name, key_from_filename
 from ._readclock import ReadClock
-from ._writeback import fsync_dir, start_writeback
 
 __all__ = ["BlobStorage", "OpenBlob", "Publication", "RecoveryReport", "StagedUpload"]
 
@@ -104,16 +105,6 @@ class _DiskErrors:
 _disk_errors = _DiskErrors()
 
 
-def make_dirs(directory: Path) -> None:
-    """``mkdir -p`` that also fsyncs each parent, so the new directories survive a crash."""
-    if directory.is_dir():
-        return
-    make_dirs(directory.parent)
-    with contextlib.suppress(FileExistsError):
-        directory.mkdir()
-    fsync_dir(directory.parent)
-
-
 def _remove(path: Path) -> None:
     """Remove a file or a tree; what is already gone is fine (another thread won the race)."""
     try:
@@ -123,28 +114,6 @@ def _remove(path: Path) -> None:
             path.unlink()
     except FileNotFoundError:
         pass
-
-
-class _LockTable:
-    """One lock per key, created on demand and dropped when nobody holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[Hashable, tuple[threading.Lock, list[int]]] = {}
-
-    @contextlib.contextmanager
-    def hold(self, key: Hashable) -> Iterator[None]:
-        with self._guard:
-            lock, users = self._locks.setdefault(key, (threading.Lock(), [0]))
-            users[0] += 1
-        try:
-            with lock:
-                yield
-        finally:
-            with self._guard:
-                users[0] -= 1
-                if not users[0]:
-                    del self._locks[key]
 
 
 class StagedUpload:
@@ -166,7 +135,7 @@ class StagedUpload:
     ``body`` (received whole) holds those bytes as they are, and hashes them only when its
     :meth:`digest` is asked for (by its publication, on a worker thread). One whose size is
     known (``reserve``) gets that many bytes of disk blocks with its file (see
-    :mod:`blobsvc.storage._filewrite`).
+    :mod:`blobsvc.files._filewrite`).
     """
 
     def __init__(self, path: str, *, in_memory: bool = False, body: bytearray | None = None, reserve: int = 0) -> None:
@@ -412,7 +381,7 @@ class BlobStorage:
         # key while nothing holds two at once (nothing does), and a small PUT takes one
         # without a table to keep. Jobs are few and their names are not spread: a table.
         self._key_locks = [threading.Lock() for _ in range(256)]
-        self._jobs = _LockTable()
+        self._jobs = LockTable()
         # Distinct blobs and their bytes, kept as objects come and go: counting is cheaper
         # than walking objects/ at every scrape of the metrics.
         self._usage = [0, 0]

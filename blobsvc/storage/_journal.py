@@ -61,8 +61,8 @@ from pathlib import Path
 
 import blake3
 
+from ..files._filewrite import pwrite_all
 from ..wire._protocol import JOB_SIZE, KEY_SIZE, JobBlob
-from ._filewrite import pwrite_all
 
 __all__ = ["Journal", "Record", "SEGMENT_BYTES"]
 
