@@ -68,6 +68,8 @@ from .wire._protocol import (
     NEED_DATA,
     AuthOk,
     AuthRequest,
+    CheckpointsOk,
+    CheckpointsRequest,
     ClientConnection,
     ClientEvent,
     ContentKey,
@@ -784,6 +786,13 @@ class AsyncBlobClient:
         assert isinstance(reply, HeartbeatOk)
         return reply.reply
 
+    async def checkpoints(self, request: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """A CHECKPOINTS request (docs/protocol.md lists the actions): what
+        :mod:`blobsvc.checkpoints` sends. Retried, and sent to the leader, as :meth:`status` is."""
+        reply = await self._simple(CheckpointsRequest(dict(request)), timeout)
+        assert isinstance(reply, CheckpointsOk)
+        return reply.reply
+
     # --- machinery ---------------------------------------------------------------------------
 
     async def _simple(self, request: Request, timeout: float | None) -> ClientEvent:
@@ -1276,6 +1285,7 @@ class BlobClient:
     hosts = _blocking(AsyncBlobClient.hosts)
     link = _blocking(AsyncBlobClient.link)
     put_file = _blocking(AsyncBlobClient.put_file)
+    checkpoints = _blocking(AsyncBlobClient.checkpoints)
 
     def close(self) -> None:
         if self._state is _State.CLOSED:

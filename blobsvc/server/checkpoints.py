@@ -1,0 +1,397 @@
+"""The server's side of checkpoints: the CHECKPOINTS request's actions for each pipeline.
+
+:Status: Production.
+
+Flink's ``CompletedCheckpointStore``, ``CheckpointIDCounter`` and ``SharedStateRegistry`` as
+the server keeps them; the records themselves are the recovery mode's
+(:mod:`blobsvc.ha.checkpoints`), the state and metadata are blobs of the pipeline's job
+(:mod:`blobsvc.wire._checkpoints`). Each rule is enforced here, once:
+
+1. **Complete only what is whole.** ``complete`` reads the checkpoint's metadata blob, checks
+   its bytes against the key the coordinator names (a damaged or replaced blob is refused),
+   and checks that every state file it references is there under ``state/<key>`` with that
+   content. Only then is the record added; a checkpoint whose state is not all there is
+   refused, and stays invisible.
+2. **Add first, subsume after.** The record is durable (fsynced file, or ZooKeeper node)
+   before the oldest checkpoints beyond ``retain`` are subsumed: if adding fails, nothing
+   retained is lost. Savepoints are never subsumed.
+3. **A replaced writer is fenced.** ``register`` gives a coordinator a new writer epoch;
+   ``trigger``, ``complete`` and subsuming name it, and the records refuse (FENCED) an epoch
+   that is no longer the pipeline's, in the same atomic step as the write. A new coordinator's
+   registration also forgets the pending checkpoints of every older one.
+4. **Discard only what nothing references.** A state name goes when no retained checkpoint's
+   metadata and no restore's hold references its content, and never while a checkpoint of the
+   pipeline is pending on this server (its tasks may just have linked it). When any retained
+   record or metadata cannot be read, nothing is discarded: its references are unknown.
+5. **Never silently fall back.** A record whose metadata blob is missing or damaged is logged
+   at WARNING once, counted (``checkpoints_damaged``) and named in STATUS; ``list`` marks it
+   with a ``problem`` so that a restore takes the previous one, saying so.
+
+Pending checkpoints and holds live in this server's memory: a restart or a failover forgets
+them. That costs no safety (a checkpoint whose state was discarded meanwhile fails rule 1 and
+is aborted; a restore verifies every byte it reads) but may cost that checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import blake3
+
+from .._exceptions import BadRequest, BlobError, DigestMismatch, Fenced, InvalidArgument, NotFound
+from ..wire._checkpoints import (
+    MAX_METADATA_BYTES,
+    Metadata,
+    check_pipeline,
+    metadata_id,
+    metadata_name,
+    parse_metadata,
+    pipeline_job,
+    state_key,
+    state_name,
+)
+from ..wire._protocol import ContentKey, JobBlob
+
+if TYPE_CHECKING:
+    from ..ha import HighAvailability
+    from ..ha.checkpoints import CheckpointRecords, Record
+    from ..storage import BlobStorage, OpenBlob
+
+__all__ = ["CheckpointServer", "Checkpoints"]
+
+log = logging.getLogger("blobsvc.checkpoints")
+
+MAX_RETAIN = 10_000
+MAX_TIMEOUT = 7 * 86400.0  # a pending checkpoint or a hold: a week is beyond any use
+MAX_DAMAGED_LISTED = 20  # STATUS names this many damaged records; the count says how many
+
+
+class CheckpointServer(Protocol):
+    """What the checkpoints need of the server: its storage and HA, reading and deleting blobs."""
+
+    @property
+    def storage(self) -> BlobStorage: ...
+
+    @property
+    def ha(self) -> HighAvailability: ...
+
+    async def open_blob(self, target: ContentKey | JobBlob) -> OpenBlob: ...
+
+    async def delete_blob(self, target: JobBlob) -> None: ...
+
+
+class Checkpoints:
+    """Every pipeline's checkpoints on one server; :meth:`handle` answers a CHECKPOINTS request."""
+
+    def __init__(self, server: CheckpointServer) -> None:
+        self.server = server
+        self._records: CheckpointRecords | None = None
+        self._locks: collections.defaultdict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        self._pending: dict[str, dict[int, float]] = {}  # pipeline → id → deadline (monotonic)
+        self._holds: dict[str, dict[str, tuple[float, int, frozenset[bytes]]]] = {}  # → token → (deadline, id, keys)
+        # The state keys of metadata read before, by (pipeline, id, metadata key): a blob's
+        # content never changes under its key, so what it references never does either.
+        self._keys: dict[tuple[str, int, str], frozenset[bytes]] = {}
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.damaged: dict[tuple[str, int], str] = {}
+        self.last_completed: tuple[str, int, float] | None = None
+
+    def start(self) -> None:
+        self._records = self.server.ha.checkpoint_records(self.server.storage)
+
+    @property
+    def records(self) -> CheckpointRecords:
+        assert self._records is not None, "start() first"
+        return self._records
+
+    async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        action = request.get("action")
+        try:
+            pipeline = check_pipeline(request.get("pipeline"))
+        except InvalidArgument as exc:
+            raise BadRequest(str(exc)) from None
+        self._expire(pipeline)
+        match action:
+            case "register":
+                return await self._register(pipeline)
+            case "trigger":
+                return await self._trigger(pipeline, _integer(request, "epoch"), _seconds(request, "timeout"))
+            case "complete":
+                async with self._locks[pipeline]:
+                    return await self._complete(pipeline, request)
+            case "abort":
+                return await self._abort(pipeline, _integer(request, "id"))
+            case "list":
+                return await self._list(pipeline)
+            case "delete":
+                return await self._delete(pipeline, _integer(request, "id"))
+            case "hold":
+                return await self._hold(pipeline, _integer(request, "id"), _seconds(request, "seconds"))
+            case "release":
+                return await self._release(pipeline, request.get("token"))
+        raise BadRequest(f"unknown checkpoints action {action!r}")
+
+    # --- actions ------------------------------------------------------------------------------
+
+    async def _register(self, pipeline: str) -> dict[str, Any]:
+        async with self._locks[pipeline]:
+            epoch = await asyncio.to_thread(self.records.register, pipeline)
+            # The older coordinators' pending checkpoints can never complete now.
+            self.counts["aborted"] += len(self._pending.pop(pipeline, {}))
+        log.info("pipeline %s: coordinator epoch %d registered", pipeline, epoch)
+        return {"epoch": epoch}
+
+    async def _trigger(self, pipeline: str, epoch: int, timeout: float) -> dict[str, Any]:
+        await self._check_writer(pipeline, epoch)
+        checkpoint_id = await asyncio.to_thread(self.records.next_id, pipeline)
+        self._pending.setdefault(pipeline, {})[checkpoint_id] = time.monotonic() + timeout
+        return {"id": checkpoint_id}
+
+    async def _check_writer(self, pipeline: str, epoch: int) -> None:
+        current = await asyncio.to_thread(self.records.writer, pipeline)
+        if epoch != current:
+            raise Fenced(f"pipeline {pipeline}: coordinator epoch {epoch} was replaced by epoch {current}")
+
+    async def _complete(self, pipeline: str, request: dict[str, Any]) -> dict[str, Any]:
+        epoch, checkpoint_id = _integer(request, "epoch"), _integer(request, "id")
+        retain = _integer(request, "retain", 1, MAX_RETAIN)
+        key = request.get("metadata")
+        if not isinstance(key, str) or len(key) != 64:
+            raise BadRequest("complete names its metadata blob's key: 64 hex characters")
+        await self._check_writer(pipeline, epoch)  # early: a zombie reads no metadata
+        metadata, size = await self._read_metadata(pipeline, checkpoint_id, key)
+        if metadata.checkpoint_id != checkpoint_id or metadata.pipeline != pipeline:
+            raise BadRequest(f"the metadata is checkpoint {metadata.checkpoint_id} of {metadata.pipeline}")
+        await self._check_state(pipeline, metadata)
+        record = {
+            "id": checkpoint_id,
+            "timestamp": metadata.timestamp,
+            "savepoint": metadata.savepoint,
+            "metadata": key,
+            "metadata_size": size,
+            "epoch": epoch,
+        }
+        await asyncio.to_thread(self.records.add, pipeline, epoch, record)  # FENCED when replaced
+        self._pending.get(pipeline, {}).pop(checkpoint_id, None)
+        self.counts["completed"] += 1
+        self.counts["bytes_sent"] += metadata.bytes_sent
+        self.counts["bytes_reused"] += metadata.size - metadata.bytes_sent
+        self.last_completed = (pipeline, checkpoint_id, time.time())
+        subsumed = await self._subsume(pipeline, epoch, retain)
+        discarded = await self._discard(pipeline)
+        return {"record": record, "subsumed": subsumed, "discarded": discarded}
+
+    async def _subsume(self, pipeline: str, epoch: int, retain: int) -> list[int]:
+        """Remove the oldest checkpoints beyond ``retain`` (savepoints never), as the writer."""
+        records = await asyncio.to_thread(self.records.records, pipeline)
+        regular = [record["id"] for record in records if not record.get("savepoint")]
+        subsumed = []
+        for checkpoint_id in regular[: max(0, len(regular) - retain)]:
+            try:
+                await asyncio.to_thread(self.records.remove, pipeline, epoch, checkpoint_id)
+            except NotFound:  # an operator deleted it meanwhile
+                continue
+            subsumed.append(checkpoint_id)
+            self.counts["subsumed"] += 1
+        if subsumed:
+            log.info("pipeline %s: subsumed checkpoints %s", pipeline, subsumed)
+        return subsumed
+
+    async def _abort(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
+        async with self._locks[pipeline]:
+            if self._pending.get(pipeline, {}).pop(checkpoint_id, None) is not None:
+                self.counts["aborted"] += 1
+            discarded = await self._discard(pipeline)
+        return {"discarded": discarded}
+
+    async def _list(self, pipeline: str) -> dict[str, Any]:
+        records = await asyncio.to_thread(self.records.records, pipeline)
+        for record in records:
+            if "problem" not in record:
+                try:
+                    await self._read_metadata(pipeline, record["id"], record["metadata"])
+                except (NotFound, DigestMismatch, BadRequest) as exc:
+                    record["problem"] = str(exc)
+            if "problem" in record:
+                self._report_damaged(pipeline, record)
+            else:
+                self.damaged.pop((pipeline, record["id"]), None)
+        return {
+            "checkpoints": records,
+            "epoch": await asyncio.to_thread(self.records.writer, pipeline),
+            "pending": sorted(self._pending.get(pipeline, {})),
+        }
+
+    async def _delete(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
+        async with self._locks[pipeline]:
+            await asyncio.to_thread(self.records.remove, pipeline, None, checkpoint_id)
+            self.damaged.pop((pipeline, checkpoint_id), None)
+            log.info("pipeline %s: checkpoint %d deleted", pipeline, checkpoint_id)
+            discarded = await self._discard(pipeline)
+        return {"discarded": discarded}
+
+    async def _hold(self, pipeline: str, checkpoint_id: int, seconds: float) -> dict[str, Any]:
+        async with self._locks[pipeline]:
+            records = await asyncio.to_thread(self.records.records, pipeline)
+            record = next((r for r in records if r["id"] == checkpoint_id), None)
+            if record is None or "problem" in record:
+                raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id} to restore")
+            keys = await self._record_keys(pipeline, record)
+            token = secrets.token_hex(16)
+            self._holds.setdefault(pipeline, {})[token] = (time.monotonic() + seconds, checkpoint_id, keys)
+        return {"token": token}
+
+    async def _release(self, pipeline: str, token: object) -> dict[str, Any]:
+        async with self._locks[pipeline]:
+            if isinstance(token, str) and self._holds.get(pipeline, {}).pop(token, None) is not None:
+                return {"discarded": await self._discard(pipeline)}
+        return {"discarded": 0}
+
+    # --- the rules ----------------------------------------------------------------------------
+
+    async def _read_metadata(self, pipeline: str, checkpoint_id: int, key: str) -> tuple[Metadata, int]:
+        """The metadata blob ``meta/<id>``, its bytes checked against ``key`` (rule 1)."""
+        target = JobBlob(pipeline_job(pipeline), metadata_name(checkpoint_id))
+        try:
+            blob = await self.server.open_blob(target)
+        except NotFound:
+            raise NotFound(f"checkpoint {checkpoint_id}'s metadata blob is missing") from None
+        with blob:
+            if blob.size > MAX_METADATA_BYTES:
+                raise BadRequest(f"checkpoint {checkpoint_id}'s metadata is over {MAX_METADATA_BYTES} bytes")
+            raw = await asyncio.to_thread(os.pread, blob.fd, blob.size, 0)
+        if blake3.blake3(raw).hexdigest() != key or len(raw) != blob.size:
+            raise DigestMismatch(
+                f"checkpoint {checkpoint_id}'s metadata blob is damaged: its bytes do not hash to {key}"
+            )
+        try:
+            metadata = parse_metadata(raw)
+        except InvalidArgument as exc:
+            raise BadRequest(f"checkpoint {checkpoint_id}'s metadata: {exc}") from None
+        self._keys[(pipeline, checkpoint_id, key)] = frozenset(metadata.keys())
+        return metadata, len(raw)
+
+    async def _check_state(self, pipeline: str, metadata: Metadata) -> None:
+        job = pipeline_job(pipeline)
+        for task, handle in metadata.tasks.items():
+            for entry in handle.files:
+                target = JobBlob(job, state_name(bytes.fromhex(entry.key)))
+                try:
+                    size, digest = await asyncio.to_thread(self.server.storage.stat, target)
+                except NotFound:  # a new leader that has not fetched it yet
+                    try:
+                        with await self.server.open_blob(target) as blob:
+                            size, digest = blob.size, blob.digest
+                    except NotFound:
+                        raise NotFound(
+                            f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
+                            "is not on the server (discarded meanwhile?): not completed"
+                        ) from None
+                if digest.hex() != entry.key or size != entry.size:
+                    raise DigestMismatch(
+                        f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
+                        "does not hold what its handle says: not completed"
+                    )
+
+    async def _record_keys(self, pipeline: str, record: Record) -> frozenset[bytes]:
+        cached = self._keys.get((pipeline, record["id"], record["metadata"]))
+        if cached is not None:
+            return cached
+        await self._read_metadata(pipeline, record["id"], record["metadata"])
+        return self._keys[(pipeline, record["id"], record["metadata"])]
+
+    def _report_damaged(self, pipeline: str, record: Record) -> None:
+        if (pipeline, record["id"]) not in self.damaged:
+            log.warning("pipeline %s: checkpoint %d cannot be restored: %s", pipeline, record["id"], record["problem"])
+        self.damaged[(pipeline, record["id"])] = record["problem"]
+
+    async def _discard(self, pipeline: str) -> int:
+        """Delete the pipeline's state and metadata names nothing references (rule 4); the
+        caller holds the pipeline's lock. Returns how many names went."""
+        if self._pending.get(pipeline):
+            return 0
+        records = await asyncio.to_thread(self.records.records, pipeline)
+        referenced: set[bytes] = set()
+        keep_ids = {record["id"] for record in records}
+        for record in records:
+            try:
+                if "problem" in record:
+                    raise BadRequest(record["problem"])
+                referenced |= await self._record_keys(pipeline, record)
+            except (NotFound, DigestMismatch, BadRequest) as exc:
+                record.setdefault("problem", str(exc))
+                self._report_damaged(pipeline, record)
+                return 0
+        for _, held_id, keys in self._holds.get(pipeline, {}).values():
+            referenced |= keys
+            keep_ids.add(held_id)
+        job = pipeline_job(pipeline)
+        local = await asyncio.to_thread(self.server.storage.list_job, job)
+        names = {entry.name for entry in local} | set(await self.server.ha.names(job))
+        discarded = 0
+        for name in sorted(names):
+            key, checkpoint_id = state_key(name), metadata_id(name)
+            unreferenced = key is not None and key not in referenced
+            if unreferenced or (checkpoint_id is not None and checkpoint_id not in keep_ids):
+                try:
+                    await self.server.delete_blob(JobBlob(job, name))
+                except BlobError as exc:  # NOT_LEADER mid-way: the next discard finishes
+                    log.warning("pipeline %s: could not discard %s: %s", pipeline, name, exc)
+                    break
+                discarded += 1
+        self._keys = {k: v for k, v in self._keys.items() if k[0] != pipeline or k[1] in keep_ids}
+        if discarded:
+            self.counts["discarded"] += discarded
+            log.info("pipeline %s: discarded %d blobs no checkpoint references", pipeline, discarded)
+        return discarded
+
+    def _expire(self, pipeline: str) -> None:
+        now = time.monotonic()
+        pending = self._pending.get(pipeline, {})
+        for checkpoint_id in [i for i, deadline in pending.items() if deadline < now]:
+            del pending[checkpoint_id]
+            self.counts["aborted"] += 1
+            log.info("pipeline %s: checkpoint %d timed out", pipeline, checkpoint_id)
+        holds = self._holds.get(pipeline, {})
+        for token in [t for t, (deadline, _, _) in holds.items() if deadline < now]:
+            del holds[token]
+
+    def status(self) -> dict[str, Any]:
+        """For STATUS and the metrics, counted since this server started: reads only."""
+        last = self.last_completed
+        return {
+            "checkpoints_completed": self.counts["completed"],
+            "checkpoints_aborted": self.counts["aborted"],
+            "checkpoints_subsumed": self.counts["subsumed"],
+            "checkpoints_discarded_blobs": self.counts["discarded"],
+            "checkpoints_state_bytes_sent": self.counts["bytes_sent"],
+            "checkpoints_state_bytes_reused": self.counts["bytes_reused"],
+            "checkpoints_last_completed": None if last is None else f"{last[0]}/{last[1]}",
+            "checkpoints_last_completed_id": None if last is None else last[1],
+            "checkpoints_last_completed_age_seconds": None if last is None else round(time.time() - last[2], 3),
+            "checkpoints_damaged": len(self.damaged),
+            "checkpoints_damaged_records": [
+                f"{pipeline}/{checkpoint_id}: {problem}"
+                for (pipeline, checkpoint_id), problem in list(self.damaged.items())[:MAX_DAMAGED_LISTED]
+            ],
+        }
+
+
+def _integer(request: dict[str, Any], field: str, low: int = 0, high: int = (1 << 63) - 1) -> int:
+    value = request.get(field)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadRequest(f"a checkpoints request's {field!r} is an integer from {low} to {high}, not {value!r}")
+    return value
+
+
+def _seconds(request: dict[str, Any], field: str) -> float:
+    value = request.get(field)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= MAX_TIMEOUT:
+        raise BadRequest(f"a checkpoints request's {field!r} is a number of seconds up to {MAX_TIMEOUT:g}")
+    return float(value)

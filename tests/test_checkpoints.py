@@ -1,0 +1,355 @@
+"""Checkpoints against a real server: the store, the coordinator, the server's rules."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import blake3
+import pytest
+
+from blobsvc import BlobClient
+from blobsvc._exceptions import BadRequest, DigestMismatch, InvalidArgument, NotFound
+from blobsvc.cache import BlobCache
+from blobsvc.checkpoints import (
+    CheckpointAborted,
+    CheckpointError,
+    CheckpointFailuresExceeded,
+    CheckpointStore,
+    Fenced,
+    TaskHandle,
+)
+from blobsvc.config import Settings
+from blobsvc.wire._checkpoints import metadata_name, pipeline_job, state_name
+from tests.conftest import ServerThread
+
+
+@pytest.fixture
+def store(server_thread: ServerThread) -> Iterator[CheckpointStore]:
+    with CheckpointStore(server_thread.address, "pipe", retain=2, timeout=30) as opened:
+        yield opened
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> Path:
+    for relative, data in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def names(client: BlobClient, pipeline: str = "pipe") -> set[str]:
+    return {info.name or "" for info in client.list(pipeline_job(pipeline))}
+
+
+def test_a_checkpoint_restores_every_task_byte_for_byte(store: CheckpointStore, tmp_path: Path) -> None:
+    tree = {"a": b"A" * 5000, "sub/b": b"B", "sub/deeper/c": b""}
+    state = write_tree(tmp_path / "state", tree)
+    (tmp_path / "one").write_bytes(b"one file")
+    with store.begin(tasks=["0", "1", "2"], properties={"batch": 7}) as pending:
+        pending.acknowledge("0", store.snapshot("0", state))
+        pending.acknowledge("1", store.snapshot("1", tmp_path / "one"))
+        pending.acknowledge("2", store.snapshot("2", b"bytes"))
+    latest = store.latest()
+    assert latest is not None and latest.id == pending.id and latest.properties == {"batch": 7}
+    assert sorted(latest.tasks) == ["0", "1", "2"]
+    assert read_tree(latest.restore("0", tmp_path / "r0")) == tree
+    assert latest.restore("1", tmp_path / "r1").read_bytes() == b"one file"
+    assert latest.restore("2", tmp_path / "r2").read_bytes() == b"bytes"
+
+
+def test_restored_files_are_read_only_unless_asked(store: CheckpointStore, tmp_path: Path) -> None:
+    with store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", write_tree(tmp_path / "s", {"f": b"x"})))
+    latest = store.latest()
+    assert latest is not None
+    assert (latest.restore("0", tmp_path / "ro") / "f").stat().st_mode & 0o777 == 0o444
+    assert (latest.restore("0", tmp_path / "rw", writable=True) / "f").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_restore_never_writes_into_an_existing_destination(store: CheckpointStore, tmp_path: Path) -> None:
+    with store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", b"x"))
+    latest = store.latest()
+    assert latest is not None
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "taken").write_bytes(b"mine")
+    with pytest.raises(InvalidArgument, match="exists"):
+        latest.restore("0", out / "taken")
+    assert (out / "taken").read_bytes() == b"mine"
+    assert [p.name for p in out.iterdir()] == ["taken"]  # no temporary left
+
+
+def test_leaving_the_block_with_a_task_missing_aborts_and_nothing_is_visible(store: CheckpointStore) -> None:
+    with pytest.raises(CheckpointAborted, match="tasks 1 did not acknowledge"), store.begin(tasks=["0", "1"]) as p:
+        p.acknowledge("0", store.snapshot("0", b"x"))
+    assert store.latest() is None and store.records() == []
+    assert names(store.client) == set()  # its state discarded
+
+
+def test_an_exception_in_the_block_aborts_and_goes_on(store: CheckpointStore) -> None:
+    with pytest.raises(ZeroDivisionError), store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", b"x"))
+        _ = 1 / 0
+    assert pending.reason is not None and "ZeroDivisionError" in pending.reason
+    assert store.latest() is None
+
+
+def test_a_declined_checkpoint_is_aborted(store: CheckpointStore) -> None:
+    with pytest.raises(CheckpointAborted, match="task 1 declined: disk full"), store.begin(tasks=["0", "1"]) as p:
+        p.acknowledge("0", store.snapshot("0", b"x"))
+        p.decline("1", "disk full")
+        p.acknowledge("1", store.snapshot("1", b"y"))  # too late: it was aborted
+    assert store.latest() is None
+
+
+def test_a_checkpoint_that_times_out_is_aborted_by_its_timer(server_thread: ServerThread) -> None:
+    with CheckpointStore(server_thread.address, "pipe", timeout=0.3) as store:
+        pending = store.begin(tasks=["0"])
+        time.sleep(0.6)  # nobody calls anything: the timer aborts it
+        assert pending.state.value == "aborted" and "timed out" in (pending.reason or "")
+        with pytest.raises(CheckpointAborted, match="timed out"):
+            pending.acknowledge("0", store.snapshot("0", b"x"))
+        assert store.client.status()["checkpoints_aborted"] == 1
+
+
+def test_ids_strictly_increase_even_across_a_server_restart(settings: Settings) -> None:
+    ids = []
+    for _ in range(2):
+        running = ServerThread(settings).start()
+        try:
+            with CheckpointStore(running.address, "pipe") as store:
+                for _ in range(2):
+                    with store.begin(tasks=["0"]) as pending:
+                        pending.acknowledge("0", store.snapshot("0", b"x"))
+                    ids.append(pending.id)
+                store.begin(tasks=["0"]).abort("on purpose")
+        finally:
+            running.stop()
+    assert ids == sorted(ids) and len(set(ids)) == 4 and ids[2] > ids[1] + 1  # 3 went to the aborted one
+
+
+def test_retain_keeps_the_newest_and_every_savepoint(store: CheckpointStore) -> None:
+    completed = []
+    for batch in range(5):
+        with store.begin(tasks=["0"], savepoint=batch == 1) as pending:
+            pending.acknowledge("0", store.snapshot("0", b"state %d" % batch))
+        completed.append(pending.id)
+    assert [c.id for c in store.list()] == [completed[1], completed[3], completed[4]]
+    assert [c.savepoint for c in store.list()] == [True, False, False]
+    assert store.client.status()["checkpoints_subsumed"] == 2
+    # Only the retained checkpoints' state and metadata are left on the server.
+    kept = {state_name(blake3.blake3(b"state %d" % b).digest()) for b in (1, 3, 4)}
+    assert names(store.client) == kept | {metadata_name(completed[i]) for i in (1, 3, 4)}
+
+
+def test_unchanged_files_send_no_bytes(store: CheckpointStore, tmp_path: Path) -> None:
+    state = write_tree(tmp_path / "s", {f"f{i}": os.urandom(10_000) for i in range(10)})
+    with store.begin(tasks=["0"]) as pending:
+        first = store.snapshot("0", state)
+        pending.acknowledge("0", first)
+    (state / "f3").write_bytes(os.urandom(10_000))
+    with store.begin(tasks=["0"]) as pending:
+        second = store.snapshot("0", state)
+        pending.acknowledge("0", second)
+    assert first.bytes_sent == 100_000 and second.bytes_sent == 10_000
+    status = store.client.status()
+    assert status["checkpoints_state_bytes_sent"] == 110_000
+    assert status["checkpoints_state_bytes_reused"] == 90_000
+
+
+def test_shared_state_is_discarded_only_when_no_retained_checkpoint_references_it(
+    server_thread: ServerThread, tmp_path: Path
+) -> None:
+    with CheckpointStore(server_thread.address, "pipe", retain=1) as store:
+        for data in (b"shared", b"shared", b"other"):
+            with store.begin(tasks=["0"]) as pending:
+                pending.acknowledge("0", store.snapshot("0", data))
+            latest = store.latest()
+            assert latest is not None
+            assert latest.restore("0", tmp_path / str(pending.id)).read_bytes() == data
+        assert names(store.client) == {state_name(blake3.blake3(b"other").digest()), metadata_name(pending.id)}
+
+
+def test_a_replaced_coordinator_is_fenced(server_thread: ServerThread) -> None:
+    with (
+        CheckpointStore(server_thread.address, "pipe") as old,
+        CheckpointStore(server_thread.address, "pipe") as new,
+    ):
+        zombie = old.begin(tasks=["0"])
+        zombie.acknowledge("0", old.snapshot("0", b"old"))
+        with new.begin(tasks=["0"]) as pending:  # takes over at once: does not wait for the zombie
+            pending.acknowledge("0", new.snapshot("0", b"new"))
+        with pytest.raises(Fenced, match="replaced"):
+            zombie.complete()
+        with pytest.raises(Fenced):
+            old.begin(tasks=["0"])
+        latest = new.latest()
+        assert latest is not None and latest.id == pending.id and [c.id for c in new.list()] == [pending.id]
+
+
+def test_a_replaced_coordinator_cannot_subsume(server_thread: ServerThread) -> None:
+    client = BlobClient(server_thread.address)
+    with CheckpointStore(client, "pipe") as store:
+        with store.begin(tasks=["0"]) as pending:
+            pending.acknowledge("0", store.snapshot("0", b"x"))
+        epoch = store.coordinator.epoch
+        client.checkpoints({"action": "register", "pipeline": "pipe"})
+        with pytest.raises(Fenced):
+            client.checkpoints({"action": "trigger", "pipeline": "pipe", "epoch": epoch, "timeout": 5})
+        assert [c.id for c in store.list()] == [pending.id]
+
+
+def test_at_most_max_concurrent_checkpoints_pend(store: CheckpointStore) -> None:
+    first = store.begin(tasks=["0"])
+    with pytest.raises(CheckpointError, match="at most 1 at once"):
+        store.begin(tasks=["0"])
+    first.abort("done")
+    store.begin(tasks=["0"]).abort("done")
+
+
+def test_failures_beyond_the_tolerable_stop_the_next_trigger(server_thread: ServerThread) -> None:
+    with CheckpointStore(server_thread.address, "pipe", tolerable_failures=1) as store:
+        store.begin(tasks=["0"]).decline("0", "one")
+        store.begin(tasks=["0"]).decline("0", "two")
+        with pytest.raises(CheckpointFailuresExceeded, match="2 checkpoints failed in a row"):
+            store.begin(tasks=["0"])
+
+
+def test_a_checkpoint_whose_state_went_missing_is_not_completed(store: CheckpointStore) -> None:
+    pending = store.begin(tasks=["0"])
+    handle = store.snapshot("0", b"x")
+    pending.acknowledge("0", handle)
+    store.client.delete(job=pipeline_job("pipe"), name=state_name(bytes.fromhex(handle.files[0].key)))
+    with pytest.raises(NotFound, match="not on the server"):
+        pending.complete()
+    assert pending.state.value == "aborted" and store.latest() is None
+
+
+def test_damaged_metadata_is_reported_and_latest_falls_back(
+    store: CheckpointStore, server_thread: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = []
+    for data in (b"first", b"second"):
+        with store.begin(tasks=["0"]) as pending:
+            pending.acknowledge("0", store.snapshot("0", data))
+        ids.append(pending.id)
+    layout = server_thread.server.storage.layout
+    metadata = layout.job_blob(pipeline_job("pipe"), metadata_name(ids[1]))
+    metadata.write_bytes(metadata.read_bytes().replace(b'"format":1', b'"format":2'))  # bit rot
+    with caplog.at_level(logging.WARNING, "blobsvc.checkpoints"):
+        latest = store.latest()
+    assert latest is not None and latest.id == ids[0]
+    assert f"falling back to checkpoint {ids[0]}" in caplog.text
+    status = store.client.status()
+    assert status["checkpoints_damaged"] == 1 and str(ids[1]) in status["checkpoints_damaged_records"][0]
+    assert "damaged" in store.records()[1]["problem"]
+    with pytest.raises(CheckpointError, match="cannot be restored"):
+        store.get(ids[1])
+
+
+def test_a_restore_holds_its_checkpoint_state(store: CheckpointStore, tmp_path: Path) -> None:
+    with store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", b"held"))
+    latest = store.latest()
+    assert latest is not None
+    with latest.held():
+        store.delete(latest.id)
+        assert store.latest() is None
+        assert latest.restore("0", tmp_path / "r").read_bytes() == b"held"  # not discarded meanwhile
+    assert names(store.client) == set()  # released: discarded now
+
+
+def test_a_restore_through_a_cache_fetches_once_per_host(store: CheckpointStore, tmp_path: Path) -> None:
+    with store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", write_tree(tmp_path / "s", {"a": b"a" * 1000, "b": b"b"})))
+    cache = BlobCache(store.client.server, tmp_path / "cache")
+    with CheckpointStore(store.client, "pipe", cache=cache) as through_cache:
+        latest = through_cache.latest()
+        assert latest is not None
+        assert read_tree(latest.restore("0", tmp_path / "r1")) == {"a": b"a" * 1000, "b": b"b"}
+        assert read_tree(latest.restore("0", tmp_path / "r2")) == {"a": b"a" * 1000, "b": b"b"}
+    assert cache.stats().downloads == 2  # two files, each fetched once
+    cache.close()
+
+
+@pytest.mark.parametrize("path", ["../x", "/abs", "a/../../b", "a//b", "", "a\\b", "./a"])
+def test_a_handle_path_that_could_leave_its_directory_is_refused(path: str) -> None:
+    document = {"task": "0", "kind": "directory", "files": [{"path": path, "size": 1, "key": "0" * 64}]}
+    with pytest.raises(InvalidArgument):
+        TaskHandle.from_json(document)
+
+
+def test_handles_round_trip_through_json(store: CheckpointStore, tmp_path: Path) -> None:
+    handle = store.snapshot("0", write_tree(tmp_path / "s", {"a": b"1", "b/c": b"2"}))
+    assert TaskHandle.from_json(json.loads(json.dumps(handle.to_json()))) == handle
+    assert pickle.loads(pickle.dumps(handle)) == handle
+
+
+def test_the_server_refuses_metadata_with_a_hostile_path(store: CheckpointStore) -> None:
+    pending = store.begin(tasks=["0"])
+    job = pipeline_job("pipe")
+    key = store.client.put(b"x", job=job, name=state_name(blake3.blake3(b"x").digest()))
+    document = {
+        "format": 1,
+        "pipeline": "pipe",
+        "id": pending.id,
+        "timestamp": 1.0,
+        "savepoint": False,
+        "properties": {},
+        "tasks": [{"task": "0", "kind": "directory", "files": [{"path": "../../etc/x", "size": 1, "key": key}]}],
+    }
+    metadata = store.client.put(json.dumps(document).encode(), job=job, name=metadata_name(pending.id))
+    request = {"action": "complete", "pipeline": "pipe", "epoch": store.coordinator.epoch, "id": pending.id}
+    with pytest.raises(BadRequest, match="not a relative path"):
+        store.client.checkpoints({**request, "metadata": metadata, "retain": 1})
+    assert store.records() == []
+    pending.abort("done")
+
+
+@pytest.mark.parametrize(
+    ("request_", "words"),
+    [
+        ({"action": "list", "pipeline": "../etc"}, "pipeline name"),
+        ({"action": "list"}, "pipeline name"),
+        ({"action": "explode", "pipeline": "p"}, "unknown checkpoints action"),
+        ({"action": "trigger", "pipeline": "p", "epoch": "1", "timeout": 1}, "'epoch' is an integer"),
+        ({"action": "trigger", "pipeline": "p", "epoch": 0, "timeout": -1}, "'timeout' is a number"),
+        ({"action": "complete", "pipeline": "p", "epoch": 0, "id": 1, "retain": 0, "metadata": "x"}, "'retain'"),
+    ],
+)
+def test_a_malformed_checkpoints_request_is_a_bad_request(
+    server_thread: ServerThread, request_: dict[str, object], words: str
+) -> None:
+    with BlobClient(server_thread.address) as client, pytest.raises(BadRequest, match=words):
+        client.checkpoints(request_)
+
+
+def test_deleting_a_checkpoint_that_is_not_there_is_not_found(store: CheckpointStore) -> None:
+    with pytest.raises(NotFound, match="no checkpoint 9"):
+        store.delete(9)
+
+
+def test_a_restore_verifies_what_it_reads(store: CheckpointStore, server_thread: ServerThread, tmp_path: Path) -> None:
+    with store.begin(tasks=["0"]) as pending:
+        handle = store.snapshot("0", b"original")
+        pending.acknowledge("0", handle)
+    latest = store.latest()
+    assert latest is not None
+    name = state_name(bytes.fromhex(handle.files[0].key))
+    store.client.put(b"replaced", job=pipeline_job("pipe"), name=name)  # someone else's PUT under the name
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(DigestMismatch, match="other bytes"):
+        latest.restore("0", out / "r")
+    assert list(out.iterdir()) == []  # nothing at the destination, no temporary left
