@@ -8,6 +8,7 @@ import os
 import pickle
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import blake3
@@ -187,10 +188,10 @@ def test_a_replaced_coordinator_is_fenced(server_thread: ServerThread) -> None:
         CheckpointStore(server_thread.address, "pipe") as new,
     ):
         zombie = old.begin(tasks=["0"])
-        zombie.acknowledge("0", old.snapshot("0", b"old"))
+        zombie.acknowledge("0", old.snapshot("0", b"same state"))
         with new.begin(tasks=["0"]) as pending:  # takes over at once: does not wait for the zombie
-            pending.acknowledge("0", new.snapshot("0", b"new"))
-        with pytest.raises(Fenced, match="replaced"):
+            pending.acknowledge("0", new.snapshot("0", b"same state"))
+        with pytest.raises(Fenced, match="replaced"):  # its state is all there: the record is refused
             zombie.complete()
         with pytest.raises(Fenced):
             old.begin(tasks=["0"])
@@ -198,7 +199,23 @@ def test_a_replaced_coordinator_is_fenced(server_thread: ServerThread) -> None:
         assert latest is not None and latest.id == pending.id and [c.id for c in new.list()] == [pending.id]
 
 
-def test_a_replaced_coordinator_cannot_subsume(server_thread: ServerThread) -> None:
+def test_a_replaced_coordinator_whose_state_was_discarded_is_told_it_was_replaced(
+    server_thread: ServerThread,
+) -> None:
+    with (
+        CheckpointStore(server_thread.address, "pipe") as old,
+        CheckpointStore(server_thread.address, "pipe") as new,
+    ):
+        zombie = old.begin(tasks=["0"])
+        zombie.acknowledge("0", old.snapshot("0", b"old"))
+        with new.begin(tasks=["0"]) as pending:
+            pending.acknowledge("0", new.snapshot("0", b"new"))
+        with pytest.raises(Fenced, match="replaced"):
+            zombie.complete()
+        assert [c.id for c in new.list()] == [pending.id]
+
+
+def test_a_replaced_coordinator_cannot_trigger(server_thread: ServerThread) -> None:
     client = BlobClient(server_thread.address)
     with CheckpointStore(client, "pipe") as store:
         with store.begin(tasks=["0"]) as pending:
@@ -353,3 +370,47 @@ def test_a_restore_verifies_what_it_reads(store: CheckpointStore, server_thread:
     with pytest.raises(DigestMismatch, match="other bytes"):
         latest.restore("0", out / "r")
     assert list(out.iterdir()) == []  # nothing at the destination, no temporary left
+
+
+def test_checkpoints_are_metrics(settings: Settings, tmp_path: Path) -> None:
+    from tests.test_metrics import scrape, value
+
+    running = ServerThread(replace(settings, metrics_port="0")).start()
+    try:
+        with CheckpointStore(running.address, "pipe") as store:
+            state = write_tree(tmp_path / "s", {"same": b"s" * 1000, "new": b"1"})
+            for batch in (b"1", b"22"):
+                (state / "new").write_bytes(batch)
+                with store.begin(tasks=["0"]) as pending:
+                    pending.acknowledge("0", store.snapshot("0", state))
+            store.begin(tasks=["0"]).decline("0", "no")
+        assert running.server.metrics is not None and running.server.metrics.address is not None
+        samples = scrape(running.server.metrics.address)
+    finally:
+        running.stop()
+    assert value(samples, "blobsvc_checkpoints_completed_total") == 2
+    assert value(samples, "blobsvc_checkpoints_aborted_total") == 1
+    assert value(samples, "blobsvc_checkpoints_subsumed_total") == 1
+    assert value(samples, "blobsvc_checkpoints_state_sent_bytes_total") == 1000 + 1 + 2
+    assert value(samples, "blobsvc_checkpoints_state_reused_bytes_total") == 1000
+    assert value(samples, "blobsvc_checkpoints_last_completed_id") == pending.id
+    assert 0 <= value(samples, "blobsvc_checkpoints_last_completed_age_seconds") < 60
+    assert value(samples, "blobsvc_checkpoints_damaged") == 0
+
+
+def test_records_refuse_a_replaced_writer_in_the_same_step_as_the_write(tmp_path: Path) -> None:
+    from blobsvc.ha.checkpoints import FileCheckpointRecords
+
+    records = FileCheckpointRecords(tmp_path)
+    old = records.register("p")
+    record = {"id": records.next_id("p"), "timestamp": 1.0, "savepoint": False, "metadata": "0" * 64}
+    records.add("p", old, record)
+    new = records.register("p")
+    assert new == old + 1
+    with pytest.raises(Fenced):
+        records.add("p", old, {**record, "id": records.next_id("p")})
+    with pytest.raises(Fenced):
+        records.remove("p", old, record["id"])  # a zombie cannot subsume
+    assert [r["id"] for r in records.records("p")] == [record["id"]]
+    records.remove("p", new, record["id"])
+    assert records.records("p") == []

@@ -164,11 +164,15 @@ class Checkpoints:
         key = request.get("metadata")
         if not isinstance(key, str) or len(key) != 64:
             raise BadRequest("complete names its metadata blob's key: 64 hex characters")
-        await self._check_writer(pipeline, epoch)  # early: a zombie reads no metadata
         metadata, size = await self._read_metadata(pipeline, checkpoint_id, key)
         if metadata.checkpoint_id != checkpoint_id or metadata.pipeline != pipeline:
             raise BadRequest(f"the metadata is checkpoint {metadata.checkpoint_id} of {metadata.pipeline}")
-        await self._check_state(pipeline, metadata)
+        try:
+            await self._check_state(pipeline, metadata)
+        except (NotFound, DigestMismatch):
+            # A replaced coordinator's state is discarded once the new one completes: say why.
+            await self._check_writer(pipeline, epoch)
+            raise
         record = {
             "id": checkpoint_id,
             "timestamp": metadata.timestamp,
