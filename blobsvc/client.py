@@ -488,14 +488,7 @@ class AsyncBlobClient:
     @classmethod
     def from_settings(cls, settings: Settings) -> AsyncBlobClient:
         """A client of ``settings.server`` with its secret, TLS files, timeouts and retries."""
-        return cls(
-            settings.server,
-            secret=settings.secret(),
-            connect_timeout=settings.connect_timeout,
-            timeout=settings.timeout,
-            retries=settings.retries,
-            tls=client_context_for(settings),
-        )
+        return cls(settings.server, **_options_from(settings))
 
     @property
     def server(self) -> str:
@@ -1227,6 +1220,17 @@ async def _shut_down(client: AsyncBlobClient) -> None:
     await client.aclose()
 
 
+def _options_from(settings: Settings) -> dict[str, Any]:
+    """A client's options from the settings: secret, TLS files, timeouts and retries."""
+    return {
+        "secret": settings.secret(),
+        "connect_timeout": settings.connect_timeout,
+        "timeout": settings.timeout,
+        "retries": settings.retries,
+        "tls": client_context_for(settings),
+    }
+
+
 class BlobClient:
     """The blocking face of :class:`AsyncBlobClient`: the same methods, without ``await``.
 
@@ -1266,6 +1270,11 @@ class BlobClient:
         self._thread.start()
         self._loop, self._pid = loop, os.getpid()
         self._client = AsyncBlobClient(self._server, **self._options)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BlobClient:
+        """A client of ``settings.server`` with its secret, TLS files, timeouts and retries."""
+        return cls(settings.server, **_options_from(settings))
 
     @property
     def server(self) -> str:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
@@ -403,14 +404,54 @@ def test_records_refuse_a_replaced_writer_in_the_same_step_as_the_write(tmp_path
 
     records = FileCheckpointRecords(tmp_path)
     old = records.register("p")
-    record = {"id": records.next_id("p"), "timestamp": 1.0, "savepoint": False, "metadata": "0" * 64}
+    first = records.next_id("p")
+    record: dict[str, Any] = {"id": first, "timestamp": 1.0, "savepoint": False, "metadata": "0" * 64}
     records.add("p", old, record)
     new = records.register("p")
     assert new == old + 1
     with pytest.raises(Fenced):
         records.add("p", old, {**record, "id": records.next_id("p")})
     with pytest.raises(Fenced):
-        records.remove("p", old, record["id"])  # a zombie cannot subsume
-    assert [r["id"] for r in records.records("p")] == [record["id"]]
-    records.remove("p", new, record["id"])
+        records.remove("p", old, first)  # a zombie cannot subsume
+    assert [r["id"] for r in records.records("p")] == [first]
+    records.remove("p", new, first)
     assert records.records("p") == []
+
+
+def test_the_cli_lists_shows_restores_and_deletes(store: CheckpointStore, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from blobsvc.cli import main
+
+    ids = []
+    for batch in range(2):
+        with store.begin(tasks=["0", "1"], properties={"batch": batch}) as pending:
+            pending.acknowledge("0", store.snapshot("0", write_tree(tmp_path / f"s{batch}", {"a": b"%d" % batch})))
+            pending.acknowledge("1", store.snapshot("1", b"one"))
+        ids.append(pending.id)
+    runner = CliRunner()
+    server = ["-s", store.client.server]
+    listed = runner.invoke(main, ["checkpoints", "list", "pipe", *server])
+    assert listed.exit_code == 0, listed.output
+    assert [line.split("\t")[0] for line in listed.output.splitlines()] == [str(i) for i in ids]
+    as_json = runner.invoke(main, ["checkpoints", "list", "pipe", "--json", *server])
+    assert [json.loads(line)["id"] for line in as_json.output.splitlines()] == ids
+    shown = runner.invoke(main, ["checkpoints", "show", "pipe", "--json", *server])
+    assert json.loads(shown.output)["properties"] == {"batch": 1}
+    shown = runner.invoke(main, ["checkpoints", "show", "pipe", str(ids[0]), *server])
+    assert shown.exit_code == 0 and '{"batch": 0}' in shown.output and "task 1: bytes, 1 files, 3 bytes" in shown.output
+    out = tmp_path / "out"
+    restored = runner.invoke(main, ["checkpoints", "restore", "pipe", "--task", "0", "-o", str(out), *server])
+    assert restored.exit_code == 0, restored.output
+    assert read_tree(out) == {"a": b"1"}
+    again = runner.invoke(main, ["checkpoints", "restore", "pipe", "--task", "0", "-o", str(out), *server])
+    assert again.exit_code == 2 and "exists" in again.output  # a usage error, one line
+    deleted = runner.invoke(main, ["checkpoints", "delete", "pipe", str(ids[1]), *server])
+    assert deleted.exit_code == 0
+    missing = runner.invoke(main, ["checkpoints", "delete", "pipe", str(ids[1]), *server])
+    assert missing.exit_code == 1 and f"no checkpoint {ids[1]}" in missing.output
+    assert "Traceback" not in missing.output
+    none = runner.invoke(main, ["checkpoints", "show", "nothing-here", *server])
+    assert none.exit_code == 1 and "no completed checkpoint" in none.output
+    bad = runner.invoke(main, ["checkpoints", "list", "../etc", *server])
+    assert bad.exit_code == 2 and "pipeline name" in bad.output

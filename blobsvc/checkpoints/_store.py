@@ -95,7 +95,7 @@ class CheckpointStore:
         found = []
         for record in self.records():
             try:
-                found.append(self._load(record))
+                found.append(self.load(record))
             except CheckpointError as exc:
                 log.warning("%s", exc)
         return found
@@ -107,7 +107,7 @@ class CheckpointStore:
         skipped: list[str] = []
         for record in reversed(self.records()):
             try:
-                checkpoint = self._load(record)
+                checkpoint = self.load(record)
             except CheckpointError as exc:
                 log.warning("%s", exc)
                 skipped.append(str(record["id"]))
@@ -129,7 +129,7 @@ class CheckpointStore:
         :class:`CheckpointError` when it cannot be restored."""
         for record in self.records():
             if record["id"] == checkpoint_id:
-                return self._load(record)
+                return self.load(record)
         raise NotFound(f"pipeline {self.pipeline} has no completed checkpoint {checkpoint_id}")
 
     def delete(self, checkpoint_id: int) -> None:
@@ -137,7 +137,9 @@ class CheckpointStore:
         retained checkpoint, or a restore under way, references it."""
         self.client.checkpoints({"action": "delete", "pipeline": self.pipeline, "id": checkpoint_id})
 
-    def _load(self, record: Mapping[str, Any]) -> CompletedCheckpoint:
+    def load(self, record: Mapping[str, Any]) -> CompletedCheckpoint:
+        """The checkpoint of one of :meth:`records`, its metadata read and verified:
+        :class:`CheckpointError` when it cannot be restored."""
         return load_checkpoint(self.client, self.pipeline, record, self.cache, self.options.hold_seconds)
 
     def close(self) -> None:

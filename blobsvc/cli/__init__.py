@@ -4,7 +4,8 @@ Exit status: 0 on success; 1 with a one-line ``Error: …`` on stderr when the o
 failed (not found, refused, unreachable); 2 for a usage error.
 
 The part ``blobsvc/cli/``: this module (the commands) and its helpers ``_cli_settings``
-(options that are settings) and ``_cache_cli`` (``blobsvc cache``). The top floor: it may
+(options that are settings), ``_cache_cli`` (``blobsvc cache``) and ``_checkpoints_cli``
+(``blobsvc checkpoints``). The top floor: it may
 import every other part.
 """
 
@@ -38,6 +39,7 @@ from ..server._logs import log_recovery
 from ..server.metrics import MetricsUnavailable
 from ..wire._tls import client_context_for
 from ._cache_cli import cache
+from ._checkpoints_cli import checkpoints_group
 from ._cli_settings import CONFIG_HELP, config_option, load_settings, setting_option
 
 __all__ = ["main"]
@@ -694,3 +696,4 @@ def _bench_sizes(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 
 
 main.add_command(cache)
+main.add_command(checkpoints_group(client_options, CLIENT_SETTINGS, _one_line_errors))
