@@ -492,6 +492,13 @@ def test_a_checkpoints_reply_is_a_length_prefixed_json_object(mode: str) -> None
     assert feed(client, wire + ServerConnection().send(StatOk(1, KEY)), mode) == [CheckpointsOk(reply), StatOk(1, KEY)]
 
 
+def test_the_checkpoints_example_of_the_spec_is_byte_exact() -> None:
+    request = {"action": "trigger", "pipeline": "clicks", "epoch": 1, "timeout": 600}
+    wire = bytes.fromhex("0940000000") + b'{"action":"trigger","pipeline":"clicks","epoch":1,"timeout":600}'
+    assert encode_request(CheckpointsRequest(request)) == wire
+    assert ServerConnection().send(CheckpointsOk({"id": 1})) == bytes.fromhex("0008000000") + b'{"id":1}'
+
+
 def test_a_checkpoints_request_or_reply_over_its_limit_is_refused_before_it_is_buffered() -> None:
     server = server_after_hello()
     server.receive_data(b"\x09" + struct.pack("<I", MAX_CHECKPOINTS_REQUEST_BYTES + 1))
