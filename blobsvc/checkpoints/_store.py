@@ -70,12 +70,18 @@ class CheckpointStore:
         return self._coordinator
 
     def begin(
-        self, tasks: Iterable[str], properties: Mapping[str, Any] | None = None, *, savepoint: bool = False
+        self,
+        tasks: Iterable[str],
+        properties: Mapping[str, Any] | None = None,
+        *,
+        savepoint: bool = False,
+        timeout: float | None = None,
     ) -> PendingCheckpoint:
         """Trigger a checkpoint awaiting ``tasks``: a :class:`PendingCheckpoint` with a fresh id.
         Use it as a context manager: leaving the block completes it (every task acknowledged)
-        or aborts it (an exception, a task missing). A savepoint is never subsumed."""
-        return self.coordinator.trigger(tasks, properties, savepoint=savepoint)
+        or aborts it (an exception, a task missing). A savepoint is never subsumed; ``timeout``
+        overrides the store's for this checkpoint."""
+        return self.coordinator.trigger(tasks, properties, savepoint=savepoint, timeout=timeout)
 
     def snapshot(self, task: str, source: StateSource) -> TaskHandle:
         """Store ``task``'s state (a directory, a file, or bytes) and return its handle, for
