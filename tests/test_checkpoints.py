@@ -473,3 +473,23 @@ def test_the_pages_examples_run_as_written(server_thread: ServerThread, tmp_path
         latest = store.latest()
         assert latest is not None and latest.properties == {"batch": 13}  # 7, then 8 to 10, then 11 to 13
         assert [c.properties["batch"] for c in store.list()] == [12, 13]
+
+
+def test_a_record_is_fsynced_before_its_rename_and_its_directory_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from blobsvc.ha.checkpoints import FileCheckpointRecords
+    from tests.test_durability import CallLog
+
+    records = FileCheckpointRecords(tmp_path)
+    epoch = records.register("p")
+    log = CallLog(tmp_path)
+    for name, path_args in (("fsync", 1), ("replace", 2)):
+        monkeypatch.setattr(os, name, log.wrap(name, getattr(os, name), path_args))
+    records.add("p", epoch, {"id": 1, "timestamp": 1.0, "savepoint": False, "metadata": "0" * 64})
+    final = "p/completed/00000000000000000001"
+    renamed = log.index("replace", lambda paths: paths[1] == final)
+    temporary = log.calls[renamed].paths[0]
+    synced = log.index("fsync", lambda paths: paths == (temporary,))
+    directory_synced = log.index("fsync", lambda paths: paths == ("p/completed",))
+    assert synced < renamed < directory_synced, log.calls

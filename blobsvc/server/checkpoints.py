@@ -39,6 +39,7 @@ import collections
 import logging
 import os
 import secrets
+import signal
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -70,6 +71,17 @@ log = logging.getLogger("blobsvc.checkpoints")
 MAX_RETAIN = 10_000
 MAX_TIMEOUT = 7 * 86400.0  # a pending checkpoint or a hold: a week is beyond any use
 MAX_DAMAGED_LISTED = 20  # STATUS names this many damaged records; the count says how many
+
+# Fault injection for tests/test_checkpoints_crash.py, off unless the variable is set: the
+# server SIGKILLs itself when its Nth completion (``point:N``) reaches the named point. A
+# SIGKILL from outside lands in these windows (microseconds each) only by chance.
+_CRASH_AT = os.environ.get("BLOBSVC_CHECKPOINTS_CRASH_AT", "")
+_completions = [0]
+
+
+def _crash_point(point: str) -> None:
+    if _CRASH_AT and f"{point}:{_completions[0]}" == _CRASH_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class CheckpointServer(Protocol):
@@ -160,6 +172,7 @@ class Checkpoints:
 
     async def _complete(self, pipeline: str, request: dict[str, Any]) -> dict[str, Any]:
         epoch, checkpoint_id = _integer(request, "epoch"), _integer(request, "id")
+        _completions[0] += 1
         retain = _integer(request, "retain", 1, MAX_RETAIN)
         key = request.get("metadata")
         if not isinstance(key, str) or len(key) != 64:
@@ -181,13 +194,16 @@ class Checkpoints:
             "metadata_size": size,
             "epoch": epoch,
         }
+        _crash_point("before-record")
         await asyncio.to_thread(self.records.add, pipeline, epoch, record)  # FENCED when replaced
+        _crash_point("after-record")
         self._pending.get(pipeline, {}).pop(checkpoint_id, None)
         self.counts["completed"] += 1
         self.counts["bytes_sent"] += metadata.bytes_sent
         self.counts["bytes_reused"] += metadata.size - metadata.bytes_sent
         self.last_completed = (pipeline, checkpoint_id, time.time())
         subsumed = await self._subsume(pipeline, epoch, retain)
+        _crash_point("after-subsume")
         discarded = await self._discard(pipeline)
         return {"record": record, "subsumed": subsumed, "discarded": discarded}
 
@@ -345,6 +361,7 @@ class Checkpoints:
             if unreferenced or (checkpoint_id is not None and checkpoint_id not in keep_ids):
                 try:
                     await self.server.delete_blob(JobBlob(job, name))
+                    _crash_point("mid-discard")
                 except BlobError as exc:  # NOT_LEADER mid-way: the next discard finishes
                     log.warning("pipeline %s: could not discard %s: %s", pipeline, name, exc)
                     break
