@@ -493,3 +493,14 @@ def test_a_record_is_fsynced_before_its_rename_and_its_directory_after(
     synced = log.index("fsync", lambda paths: paths == (temporary,))
     directory_synced = log.index("fsync", lambda paths: paths == ("p/completed",))
     assert synced < renamed < directory_synced, log.calls
+
+
+def test_discarded_state_frees_the_servers_disk(server_thread: ServerThread, tmp_path: Path) -> None:
+    storage = server_thread.server.storage
+    with CheckpointStore(server_thread.address, "pipe", retain=1) as store:
+        for generation in range(3):
+            state = write_tree(tmp_path / f"s{generation}", {f"f{i}": os.urandom(100_000) for i in range(3)})
+            with store.begin(tasks=["0"]) as pending:
+                pending.acknowledge("0", store.snapshot("0", state))
+            metadata_size = store.records()[0]["metadata_size"]
+            assert storage.usage() == (3 + 1, 300_000 + metadata_size)  # the retained checkpoint's, nothing else
