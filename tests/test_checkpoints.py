@@ -18,7 +18,7 @@ import blake3
 import pytest
 
 from blobsvc import BlobClient
-from blobsvc._exceptions import BadRequest, DigestMismatch, InvalidArgument, NotFound
+from blobsvc._exceptions import BadRequest, Busy, DigestMismatch, InvalidArgument, NotFound
 from blobsvc.cache import BlobCache
 from blobsvc.checkpoints import (
     CheckpointAborted,
@@ -504,3 +504,26 @@ def test_discarded_state_frees_the_servers_disk(server_thread: ServerThread, tmp
                 pending.acknowledge("0", store.snapshot("0", state))
             metadata_size = store.records()[0]["metadata_size"]
             assert storage.usage() == (3 + 1, 300_000 + metadata_size)  # the retained checkpoint's, nothing else
+
+
+def test_holds_and_pending_checkpoints_are_bounded(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch, server_thread: ServerThread
+) -> None:
+    import blobsvc.server.checkpoints as records
+
+    monkeypatch.setattr(records, "MAX_HOLDS", 2)
+    monkeypatch.setattr(records, "MAX_PENDING", 1)
+    with store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", b"x"))
+    request = {"action": "hold", "pipeline": "pipe", "id": pending.id, "seconds": 60}
+    with BlobClient(server_thread.address, retries=0) as client:
+        tokens = [client.checkpoints(request)["token"] for _ in range(2)]
+        with pytest.raises(Busy, match="2 restores hold"):
+            client.checkpoints(request)
+    with BlobClient(server_thread.address, retries=0) as client:
+        client.checkpoints({"action": "release", "pipeline": "pipe", "token": tokens[0]})
+        client.checkpoints(request)  # room again
+    store.begin(tasks=["0"])
+    epoch = store.coordinator.epoch
+    with BlobClient(server_thread.address, retries=0) as client, pytest.raises(Busy, match="1 checkpoints are pending"):
+        client.checkpoints({"action": "trigger", "pipeline": "pipe", "epoch": epoch, "timeout": 60})

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import blake3
 
-from .._exceptions import BadRequest, BlobError, DigestMismatch, Fenced, InvalidArgument, NotFound
+from .._exceptions import BadRequest, BlobError, Busy, DigestMismatch, Fenced, InvalidArgument, NotFound
 from ..wire._checkpoints import (
     MAX_METADATA_BYTES,
     Metadata,
@@ -71,6 +71,15 @@ log = logging.getLogger("blobsvc.checkpoints")
 MAX_RETAIN = 10_000
 MAX_TIMEOUT = 7 * 86400.0  # a pending checkpoint or a hold: a week is beyond any use
 MAX_DAMAGED_LISTED = 20  # STATUS names this many damaged records; the count says how many
+# What a client can make the server hold in memory: pending checkpoints (a coordinator has
+# one or a few) and restores' holds (one per restore under way) are a few hundred bytes each
+# and a hold keeps its checkpoint's keys, so both are bounded; past the bound, BUSY (they
+# expire, so a retry succeeds).
+MAX_PENDING = 10_000
+MAX_HOLDS = 1_000
+# Requests of one pipeline that write take turns under its lock: one of this many, chosen by
+# the pipeline's name, so that names a client makes up cost no memory.
+LOCK_STRIPES = 64
 
 # Fault injection for tests/test_checkpoints_crash.py, off unless the variable is set: the
 # server SIGKILLs itself when its Nth completion (``point:N``) reaches the named point. A
@@ -104,7 +113,7 @@ class Checkpoints:
     def __init__(self, server: CheckpointServer) -> None:
         self.server = server
         self._records: CheckpointRecords | None = None
-        self._locks: collections.defaultdict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        self._stripes = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
         self._pending: dict[str, dict[int, float]] = {}  # pipeline → id → deadline (monotonic)
         self._holds: dict[str, dict[str, tuple[float, int, frozenset[bytes]]]] = {}  # → token → (deadline, id, keys)
         # The state keys of metadata read before, by (pipeline, id, metadata key): a blob's
@@ -113,6 +122,9 @@ class Checkpoints:
         self.counts: collections.Counter[str] = collections.Counter()
         self.damaged: dict[tuple[str, int], str] = {}
         self.last_completed: tuple[str, int, float] | None = None
+
+    def _lock(self, pipeline: str) -> asyncio.Lock:
+        return self._stripes[hash(pipeline) % LOCK_STRIPES]
 
     def start(self) -> None:
         self._records = self.server.ha.checkpoint_records(self.server.storage)
@@ -135,7 +147,7 @@ class Checkpoints:
             case "trigger":
                 return await self._trigger(pipeline, _integer(request, "epoch"), _seconds(request, "timeout"))
             case "complete":
-                async with self._locks[pipeline]:
+                async with self._lock(pipeline):
                     return await self._complete(pipeline, request)
             case "abort":
                 return await self._abort(pipeline, _integer(request, "id"))
@@ -152,7 +164,7 @@ class Checkpoints:
     # --- actions ------------------------------------------------------------------------------
 
     async def _register(self, pipeline: str) -> dict[str, Any]:
-        async with self._locks[pipeline]:
+        async with self._lock(pipeline):
             epoch = await asyncio.to_thread(self.records.register, pipeline)
             # The older coordinators' pending checkpoints can never complete now.
             self.counts["aborted"] += len(self._pending.pop(pipeline, {}))
@@ -161,6 +173,8 @@ class Checkpoints:
 
     async def _trigger(self, pipeline: str, epoch: int, timeout: float) -> dict[str, Any]:
         await self._check_writer(pipeline, epoch)
+        if sum(map(len, self._pending.values())) >= MAX_PENDING:
+            raise Busy(f"{MAX_PENDING} checkpoints are pending on this server: wait for some to end")
         checkpoint_id = await asyncio.to_thread(self.records.next_id, pipeline)
         self._pending.setdefault(pipeline, {})[checkpoint_id] = time.monotonic() + timeout
         return {"id": checkpoint_id}
@@ -224,7 +238,7 @@ class Checkpoints:
         return subsumed
 
     async def _abort(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
-        async with self._locks[pipeline]:
+        async with self._lock(pipeline):
             if self._pending.get(pipeline, {}).pop(checkpoint_id, None) is not None:
                 self.counts["aborted"] += 1
             discarded = await self._discard(pipeline)
@@ -249,7 +263,7 @@ class Checkpoints:
         }
 
     async def _delete(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
-        async with self._locks[pipeline]:
+        async with self._lock(pipeline):
             await asyncio.to_thread(self.records.remove, pipeline, None, checkpoint_id)
             self.damaged.pop((pipeline, checkpoint_id), None)
             log.info("pipeline %s: checkpoint %d deleted", pipeline, checkpoint_id)
@@ -257,18 +271,20 @@ class Checkpoints:
         return {"discarded": discarded}
 
     async def _hold(self, pipeline: str, checkpoint_id: int, seconds: float) -> dict[str, Any]:
-        async with self._locks[pipeline]:
+        async with self._lock(pipeline):
             records = await asyncio.to_thread(self.records.records, pipeline)
             record = next((r for r in records if r["id"] == checkpoint_id), None)
             if record is None or "problem" in record:
                 raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id} to restore")
+            if sum(map(len, self._holds.values())) >= MAX_HOLDS:
+                raise Busy(f"{MAX_HOLDS} restores hold checkpoints on this server: wait for some to end")
             keys = await self._record_keys(pipeline, record)
             token = secrets.token_hex(16)
             self._holds.setdefault(pipeline, {})[token] = (time.monotonic() + seconds, checkpoint_id, keys)
         return {"token": token}
 
     async def _release(self, pipeline: str, token: object) -> dict[str, Any]:
-        async with self._locks[pipeline]:
+        async with self._lock(pipeline):
             if isinstance(token, str) and self._holds.get(pipeline, {}).pop(token, None) is not None:
                 return {"discarded": await self._discard(pipeline)}
         return {"discarded": 0}
