@@ -91,9 +91,6 @@ class CheckpointRecords(Protocol):
     def records(self, pipeline: str) -> list[Record]:
         """The completed checkpoints' records, by id."""
 
-    def pipelines(self) -> list[str]:
-        """Every pipeline with records."""
-
 
 class FileCheckpointRecords:
     """Standalone: small fsynced files under ``root`` (the data directory's ``checkpoints/``)."""
@@ -162,9 +159,6 @@ class FileCheckpointRecords:
                     continue
                 found.append(_parse_record(int(name), raw))
         return found
-
-    def pipelines(self) -> list[str]:
-        return sorted(self._files.listdir(""))
 
 
 class ZooKeeperCheckpointRecords:
@@ -283,11 +277,3 @@ class ZooKeeperCheckpointRecords:
                     continue
                 found.append(_parse_record(int(name), data))
         return found
-
-    def pipelines(self) -> list[str]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            return sorted(self.client.get_children(f"{self.paths.root}/checkpoints"))
-        except NoNodeError:
-            return []

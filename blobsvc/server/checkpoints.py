@@ -41,11 +41,22 @@ import os
 import secrets
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import blake3
 
-from .._exceptions import BadRequest, BlobError, Busy, DigestMismatch, Fenced, InvalidArgument, NotFound
+from .._exceptions import (
+    BadRequest,
+    BlobError,
+    Busy,
+    DigestMismatch,
+    Fenced,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    NotLeader,
+)
 from ..wire._checkpoints import (
     MAX_METADATA_BYTES,
     Metadata,
@@ -67,6 +78,7 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointServer", "Checkpoints"]
 
 log = logging.getLogger("blobsvc.checkpoints")
+_T = TypeVar("_T")
 
 MAX_RETAIN = 10_000
 MAX_TIMEOUT = 7 * 86400.0  # a pending checkpoint or a hold: a week is beyond any use
@@ -165,7 +177,7 @@ class Checkpoints:
 
     async def _register(self, pipeline: str) -> dict[str, Any]:
         async with self._lock(pipeline):
-            epoch = await asyncio.to_thread(self.records.register, pipeline)
+            epoch = await self._records_call(self.records.register, pipeline)
             # The older coordinators' pending checkpoints can never complete now.
             self.counts["aborted"] += len(self._pending.pop(pipeline, {}))
         log.info("pipeline %s: coordinator epoch %d registered", pipeline, epoch)
@@ -175,12 +187,12 @@ class Checkpoints:
         await self._check_writer(pipeline, epoch)
         if sum(map(len, self._pending.values())) >= MAX_PENDING:
             raise Busy(f"{MAX_PENDING} checkpoints are pending on this server: wait for some to end")
-        checkpoint_id = await asyncio.to_thread(self.records.next_id, pipeline)
+        checkpoint_id = await self._records_call(self.records.next_id, pipeline)
         self._pending.setdefault(pipeline, {})[checkpoint_id] = time.monotonic() + timeout
         return {"id": checkpoint_id}
 
     async def _check_writer(self, pipeline: str, epoch: int) -> None:
-        current = await asyncio.to_thread(self.records.writer, pipeline)
+        current = await self._records_call(self.records.writer, pipeline)
         if epoch != current:
             raise Fenced(f"pipeline {pipeline}: coordinator epoch {epoch} was replaced by epoch {current}")
 
@@ -209,7 +221,7 @@ class Checkpoints:
             "epoch": epoch,
         }
         _crash_point("before-record")
-        await asyncio.to_thread(self.records.add, pipeline, epoch, record)  # FENCED when replaced
+        await self._records_call(self.records.add, pipeline, epoch, record)  # FENCED when replaced
         _crash_point("after-record")
         self._pending.get(pipeline, {}).pop(checkpoint_id, None)
         self.counts["completed"] += 1
@@ -223,12 +235,12 @@ class Checkpoints:
 
     async def _subsume(self, pipeline: str, epoch: int, retain: int) -> list[int]:
         """Remove the oldest checkpoints beyond ``retain`` (savepoints never), as the writer."""
-        records = await asyncio.to_thread(self.records.records, pipeline)
+        records = await self._records_call(self.records.records, pipeline)
         regular = [record["id"] for record in records if not record.get("savepoint")]
         subsumed = []
         for checkpoint_id in regular[: max(0, len(regular) - retain)]:
             try:
-                await asyncio.to_thread(self.records.remove, pipeline, epoch, checkpoint_id)
+                await self._records_call(self.records.remove, pipeline, epoch, checkpoint_id)
             except NotFound:  # an operator deleted it meanwhile
                 continue
             subsumed.append(checkpoint_id)
@@ -245,7 +257,7 @@ class Checkpoints:
         return {"discarded": discarded}
 
     async def _list(self, pipeline: str) -> dict[str, Any]:
-        records = await asyncio.to_thread(self.records.records, pipeline)
+        records = await self._records_call(self.records.records, pipeline)
         for record in records:
             if "problem" not in record:
                 try:
@@ -258,13 +270,13 @@ class Checkpoints:
                 self.damaged.pop((pipeline, record["id"]), None)
         return {
             "checkpoints": records,
-            "epoch": await asyncio.to_thread(self.records.writer, pipeline),
+            "epoch": await self._records_call(self.records.writer, pipeline),
             "pending": sorted(self._pending.get(pipeline, {})),
         }
 
     async def _delete(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
         async with self._lock(pipeline):
-            await asyncio.to_thread(self.records.remove, pipeline, None, checkpoint_id)
+            await self._records_call(self.records.remove, pipeline, None, checkpoint_id)
             self.damaged.pop((pipeline, checkpoint_id), None)
             log.info("pipeline %s: checkpoint %d deleted", pipeline, checkpoint_id)
             discarded = await self._discard(pipeline)
@@ -272,7 +284,7 @@ class Checkpoints:
 
     async def _hold(self, pipeline: str, checkpoint_id: int, seconds: float) -> dict[str, Any]:
         async with self._lock(pipeline):
-            records = await asyncio.to_thread(self.records.records, pipeline)
+            records = await self._records_call(self.records.records, pipeline)
             record = next((r for r in records if r["id"] == checkpoint_id), None)
             if record is None or "problem" in record:
                 raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id} to restore")
@@ -288,6 +300,21 @@ class Checkpoints:
             if isinstance(token, str) and self._holds.get(pipeline, {}).pop(token, None) is not None:
                 return {"discarded": await self._discard(pipeline)}
         return {"discarded": 0}
+
+    async def _records_call(self, work: Callable[..., _T], *args: Any) -> _T:
+        """A call of the records in a worker thread. Their store failing is one line, logged at
+        WARNING: a disk error is INTERNAL_ERROR; ZooKeeper unreachable or the session lost is
+        NOT_LEADER, so that the client finds the leader again and retries."""
+        try:
+            return await asyncio.to_thread(work, *args)
+        except BlobError:
+            raise
+        except Exception as exc:
+            cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+            log.warning("checkpoint records: %s failed: %s", work.__name__, cause)
+            if isinstance(exc, OSError):
+                raise InternalError(f"the checkpoint records could not be read or written: {cause}") from None
+            raise NotLeader(f"this server could not reach ZooKeeper for the checkpoint records: {cause}") from None
 
     # --- the rules ----------------------------------------------------------------------------
 
@@ -352,7 +379,7 @@ class Checkpoints:
         caller holds the pipeline's lock. Returns how many names went."""
         if self._pending.get(pipeline):
             return 0
-        records = await asyncio.to_thread(self.records.records, pipeline)
+        records = await self._records_call(self.records.records, pipeline)
         referenced: set[bytes] = set()
         keep_ids = {record["id"] for record in records}
         for record in records:
