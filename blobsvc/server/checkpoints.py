@@ -156,8 +156,9 @@ class Checkpoints:
         match action:
             case "register":
                 return await self._register(pipeline)
-            case "trigger":
-                return await self._trigger(pipeline, _integer(request, "epoch"), _seconds(request, "timeout"))
+            case "trigger":  # under the lock: a registration cannot slip between its check and its id
+                async with self._lock(pipeline):
+                    return await self._trigger(pipeline, _integer(request, "epoch"), _seconds(request, "timeout"))
             case "complete":
                 async with self._lock(pipeline):
                     return await self._complete(pipeline, request)
