@@ -527,3 +527,18 @@ def test_holds_and_pending_checkpoints_are_bounded(
     epoch = store.coordinator.epoch
     with BlobClient(server_thread.address, retries=0) as client, pytest.raises(Busy, match="1 checkpoints are pending"):
         client.checkpoints({"action": "trigger", "pipeline": "pipe", "epoch": epoch, "timeout": 60})
+
+
+def test_a_task_restores_from_the_handle_its_driver_sent(store: CheckpointStore, tmp_path: Path) -> None:
+    with store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", write_tree(tmp_path / "s", {"a": b"1", "b/c": b"2"})))
+    latest = store.latest()
+    assert latest is not None
+    shipped = pickle.dumps((latest.id, latest.tasks["0"]))  # what the driver sends the task
+    checkpoint_id, handle = pickle.loads(shipped)
+    with CheckpointStore(store.client.server, "pipe") as on_the_executor:
+        restored = on_the_executor.restore(checkpoint_id, handle, tmp_path / "r")
+        assert read_tree(restored) == {"a": b"1", "b/c": b"2"}
+        with pytest.raises(NotFound):  # a checkpoint that is not there is not held
+            on_the_executor.restore(checkpoint_id + 1, handle.to_json(), tmp_path / "r2")
+    assert not (tmp_path / "r2").exists()

@@ -31,11 +31,26 @@ from ..client import BlobClient
 from ..wire._checkpoints import Metadata, TaskHandle, metadata_name, parse_metadata, pipeline_job
 from ._restore import restore
 
-__all__ = ["DEFAULT_HOLD_SECONDS", "CompletedCheckpoint", "load_checkpoint"]
+__all__ = ["DEFAULT_HOLD_SECONDS", "CompletedCheckpoint", "holding", "load_checkpoint"]
 
 log = logging.getLogger("blobsvc.checkpoints")
 
 DEFAULT_HOLD_SECONDS = 3600.0
+
+
+@contextlib.contextmanager
+def holding(client: BlobClient, pipeline: str, checkpoint_id: int, seconds: float) -> Iterator[None]:
+    """Keep completed checkpoint ``checkpoint_id``'s state on the server for the block (at most
+    ``seconds``), even if it is subsumed or deleted meanwhile: a restore under way."""
+    request = {"action": "hold", "pipeline": pipeline, "id": checkpoint_id, "seconds": seconds}
+    token = client.checkpoints(request)["token"]
+    try:
+        yield
+    finally:
+        try:
+            client.checkpoints({"action": "release", "pipeline": pipeline, "token": token})
+        except BlobError as exc:  # the hold expires by itself
+            log.warning("pipeline %s: could not release the hold on checkpoint %d: %s", pipeline, checkpoint_id, exc)
 
 
 class _Hold:
@@ -44,7 +59,7 @@ class _Hold:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.users = 0
-        self.token = ""
+        self.held = contextlib.ExitStack()
 
 
 @dataclass(frozen=True)
@@ -86,8 +101,7 @@ class CompletedCheckpoint:
         hold = self._hold
         with hold.lock:
             if hold.users == 0:
-                request = {"action": "hold", "pipeline": self.pipeline, "id": self.id, "seconds": self.hold_seconds}
-                hold.token = self._client.checkpoints(request)["token"]
+                hold.held.enter_context(holding(self._client, self.pipeline, self.id, self.hold_seconds))
             hold.users += 1
         try:
             yield
@@ -95,13 +109,7 @@ class CompletedCheckpoint:
             with hold.lock:
                 hold.users -= 1
                 if hold.users == 0:
-                    self._release(hold.token)
-
-    def _release(self, token: str) -> None:
-        try:
-            self._client.checkpoints({"action": "release", "pipeline": self.pipeline, "token": token})
-        except BlobError as exc:  # the hold expires by itself
-            log.warning("pipeline %s: could not release the hold on checkpoint %d: %s", self.pipeline, self.id, exc)
+                    hold.held.close()
 
     def to_json(self) -> dict[str, Any]:
         """The checkpoint as JSON: what ``blobsvc checkpoints show --json`` prints."""
