@@ -29,6 +29,7 @@ from blobsvc.checkpoints import (
     TaskHandle,
 )
 from blobsvc.config import Settings
+from blobsvc.storage._layout import Layout
 from blobsvc.wire._checkpoints import metadata_name, pipeline_job, state_name
 from tests.conftest import ServerThread
 
@@ -256,8 +257,9 @@ def test_a_checkpoint_whose_state_went_missing_is_not_completed(store: Checkpoin
     assert pending.state.value == "aborted" and store.latest() is None
 
 
-def test_damaged_metadata_is_reported_and_latest_falls_back(
-    store: CheckpointStore, server_thread: ServerThread, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("damage", ["damaged", "missing"])
+def test_damaged_or_missing_metadata_is_reported_and_latest_falls_back(
+    store: CheckpointStore, server_thread: ServerThread, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
     ids = []
     for data in (b"first", b"second"):
@@ -266,16 +268,49 @@ def test_damaged_metadata_is_reported_and_latest_falls_back(
         ids.append(pending.id)
     layout = server_thread.server.storage.layout
     metadata = layout.job_blob(pipeline_job("pipe"), metadata_name(ids[1]))
-    metadata.write_bytes(metadata.read_bytes().replace(b'"format":1', b'"format":2'))  # bit rot
+    if damage == "damaged":
+        metadata.write_bytes(metadata.read_bytes().replace(b'"format":1', b'"format":2'))  # bit rot
+    else:
+        store.client.delete(job=pipeline_job("pipe"), name=metadata_name(ids[1]))
     with caplog.at_level(logging.WARNING, "blobsvc.checkpoints"):
         latest = store.latest()
     assert latest is not None and latest.id == ids[0]
     assert f"falling back to checkpoint {ids[0]}" in caplog.text
     status = store.client.status()
     assert status["checkpoints_damaged"] == 1 and str(ids[1]) in status["checkpoints_damaged_records"][0]
-    assert "damaged" in store.records()[1]["problem"]
+    assert damage in store.records()[1]["problem"]
     with pytest.raises(CheckpointError, match="cannot be restored"):
         store.get(ids[1])
+    aborted = store.begin(tasks=["0"])
+    aborted.acknowledge("0", store.snapshot("0", b"orphan"))
+    aborted.abort("on purpose")  # what the damaged one references was read intact: its state stays
+    names = {info.name for info in store.client.list(pipeline_job("pipe"))}
+    assert state_name(blake3.blake3(b"second").digest()) in names
+    assert state_name(blake3.blake3(b"orphan").digest()) not in names
+
+
+def test_nothing_is_discarded_while_a_retained_checkpoints_references_are_unknown(
+    settings: Settings, tmp_path: Path
+) -> None:
+    running = ServerThread(settings).start()
+    with CheckpointStore(running.address, "pipe", retain=2) as store:
+        for data in (b"first", b"second"):
+            with store.begin(tasks=["0"]) as pending:
+                pending.acknowledge("0", store.snapshot("0", data))
+    running.stop()
+    metadata = Layout(settings.data_dir).job_blob(pipeline_job("pipe"), metadata_name(pending.id))
+    metadata.write_bytes(metadata.read_bytes().replace(b'"format":1', b'"format":2'))  # rot while it was down
+    running = ServerThread(settings).start()  # a new server: it never read that metadata intact
+    try:
+        with CheckpointStore(running.address, "pipe", retain=2) as store:
+            aborted = store.begin(tasks=["0"])
+            aborted.acknowledge("0", store.snapshot("0", b"orphan"))
+            aborted.abort("on purpose")  # its discard keeps everything
+            names = {info.name for info in store.client.list(pipeline_job("pipe"))}
+            assert state_name(blake3.blake3(b"orphan").digest()) in names
+            assert running.server.status()["checkpoints_damaged"] == 1
+    finally:
+        running.stop()
 
 
 def test_a_restore_holds_its_checkpoint_state(store: CheckpointStore, tmp_path: Path) -> None:

@@ -21,8 +21,9 @@ the server keeps them; the records themselves are the recovery mode's
    registration also forgets the pending checkpoints of every older one.
 4. **Discard only what nothing references.** A state name goes when no retained checkpoint's
    metadata and no restore's hold references its content, and never while a checkpoint of the
-   pipeline is pending on this server (its tasks may just have linked it). When any retained
-   record or metadata cannot be read, nothing is discarded: its references are unknown.
+   pipeline is pending on this server (its tasks may just have linked it). When a retained
+   checkpoint's references are unknown (its record or metadata cannot be read, and this server
+   never read that metadata intact), nothing is discarded.
 5. **Never silently fall back.** A record whose metadata blob is missing or damaged is logged
    at WARNING once, counted (``checkpoints_damaged``) and named in STATUS; ``list`` marks it
    with a ``problem`` so that a restore takes the previous one, saying so.
