@@ -53,6 +53,8 @@ def read_tree(root: Path) -> dict[str, bytes]:
 
 
 def names(client: BlobClient, pipeline: str = "pipe") -> set[str]:
+    """The pipeline's blobs, once the discard a completion started is done (``list`` waits for it)."""
+    client.checkpoints({"action": "list", "pipeline": pipeline})
     return {info.name or "" for info in client.list(pipeline_job(pipeline))}
 
 

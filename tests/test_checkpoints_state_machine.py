@@ -250,6 +250,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             for files in expected.states.values()
             for data in files.values()
         }
+        self.store.records()  # waits for the discard a completion started
         names = {info.name or "" for info in self.store.client.list(pipeline_job("machine"))}
         assert {name for name in names if name.startswith("state/")} == referenced
 

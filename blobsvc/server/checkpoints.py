@@ -23,7 +23,8 @@ the server keeps them; the records themselves are the recovery mode's
    metadata and no restore's hold references its content, and never while a checkpoint of the
    pipeline is pending on this server (its tasks may just have linked it). When a retained
    checkpoint's references are unknown (its record or metadata cannot be read, and this server
-   never read that metadata intact), nothing is discarded.
+   never read that metadata intact), nothing is discarded. After a completion, discarding runs
+   in the background, after the answer; ``list`` waits for it.
 5. **Never silently fall back.** A record whose metadata blob is missing or damaged is logged
    at WARNING once, counted (``checkpoints_damaged``) and named in STATUS; ``list`` marks it
    with a ``problem`` so that a restore takes the previous one, saying so.
@@ -135,6 +136,7 @@ class Checkpoints:
         self.counts: collections.Counter[str] = collections.Counter()
         self.damaged: dict[tuple[str, int], str] = {}
         self.last_completed: tuple[str, int, float] | None = None
+        self._discarding: dict[str, asyncio.Task[None]] = {}
 
     def _lock(self, pipeline: str) -> asyncio.Lock:
         return self._stripes[hash(pipeline) % LOCK_STRIPES]
@@ -232,8 +234,42 @@ class Checkpoints:
         self.last_completed = (pipeline, checkpoint_id, time.time())
         subsumed = await self._subsume(pipeline, epoch, retain)
         _crash_point("after-subsume")
-        discarded = await self._discard(pipeline)
-        return {"record": record, "subsumed": subsumed, "discarded": discarded}
+        self._discard_later(pipeline)
+        return {"record": record, "subsumed": subsumed}
+
+    def _discard_later(self, pipeline: str) -> None:
+        """Discard after the answer, as Flink discards subsumed checkpoints in the background:
+        the completion is durable and visible already, and deleting names costs a directory
+        fsync each (a fencing check each, in zookeeper mode). It takes the pipeline's lock once
+        the completion lets it go; ``list`` waits for it (:meth:`_settle`)."""
+
+        async def discard() -> None:
+            async with self._lock(pipeline):
+                await self._discard(pipeline)
+
+        task = asyncio.create_task(discard())
+        self._discarding[pipeline] = task
+        task.add_done_callback(lambda done: self._discarded(pipeline, done))
+
+    def _discarded(self, pipeline: str, task: asyncio.Task[None]) -> None:
+        if self._discarding.get(pipeline) is task:
+            del self._discarding[pipeline]
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("pipeline %s: discarding failed: %s", pipeline, task.exception())
+
+    async def _settle(self, pipeline: str) -> None:
+        """Wait for the pipeline's discard in progress, if any (its failure is logged)."""
+        task = self._discarding.get(pipeline)
+        if task is not None:
+            await asyncio.wait([task])
+
+    async def stop(self) -> None:
+        """Cancel the discards in progress (the next completion's discard does their work)."""
+        tasks = list(self._discarding.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
 
     async def _subsume(self, pipeline: str, epoch: int, retain: int) -> list[int]:
         """Remove the oldest checkpoints beyond ``retain`` (savepoints never), as the writer."""
@@ -259,6 +295,7 @@ class Checkpoints:
         return {"discarded": discarded}
 
     async def _list(self, pipeline: str) -> dict[str, Any]:
+        await self._settle(pipeline)  # what a list shows is what stays
         records = await self._records_call(self.records.records, pipeline)
         for record in records:
             if "problem" not in record:
@@ -344,25 +381,38 @@ class Checkpoints:
 
     async def _check_state(self, pipeline: str, metadata: Metadata) -> None:
         job = pipeline_job(pipeline)
-        for task, handle in metadata.tasks.items():
-            for entry in handle.files:
-                target = JobBlob(job, state_name(bytes.fromhex(entry.key)))
+        entries = [(task, entry) for task, handle in metadata.tasks.items() for entry in handle.files]
+        # Every name stat-ed in one worker thread: a thread hop per file would cost more than the stat.
+        local = await asyncio.to_thread(
+            self._stat_all, [JobBlob(job, state_name(bytes.fromhex(e.key))) for _, e in entries]
+        )
+        for (task, entry), found in zip(entries, local, strict=True):
+            if found is not None:
+                size, digest = found
+            else:  # a new leader that has not fetched it yet
                 try:
-                    size, digest = await asyncio.to_thread(self.server.storage.stat, target)
-                except NotFound:  # a new leader that has not fetched it yet
-                    try:
-                        with await self.server.open_blob(target) as blob:
-                            size, digest = blob.size, blob.digest
-                    except NotFound:
-                        raise NotFound(
-                            f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
-                            "is not on the server (discarded meanwhile?): not completed"
-                        ) from None
-                if digest.hex() != entry.key or size != entry.size:
-                    raise DigestMismatch(
+                    with await self.server.open_blob(JobBlob(job, state_name(bytes.fromhex(entry.key)))) as blob:
+                        size, digest = blob.size, blob.digest
+                except NotFound:
+                    raise NotFound(
                         f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
-                        "does not hold what its handle says: not completed"
-                    )
+                        "is not on the server (discarded meanwhile?): not completed"
+                    ) from None
+            if digest.hex() != entry.key or size != entry.size:
+                raise DigestMismatch(
+                    f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
+                    "does not hold what its handle says: not completed"
+                )
+
+    def _stat_all(self, targets: list[JobBlob]) -> list[tuple[int, bytes] | None]:
+        """Size and digest of each name on the local disk, None where it has none."""
+        found: list[tuple[int, bytes] | None] = []
+        for target in targets:
+            try:
+                found.append(self.server.storage.stat(target))
+            except NotFound:
+                found.append(None)
+        return found
 
     async def _record_keys(self, pipeline: str, record: Record) -> frozenset[bytes]:
         cached = self._keys.get((pipeline, record["id"], record["metadata"]))
