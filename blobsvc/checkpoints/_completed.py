@@ -65,14 +65,10 @@ class _Hold:
 @dataclass(frozen=True)
 class CompletedCheckpoint:
     """A completed checkpoint of ``pipeline``: ``id``, ``timestamp`` (trigger time, Unix
-    seconds), ``savepoint``, ``properties`` and ``tasks`` (task → :class:`TaskHandle`)."""
+    seconds), ``savepoint``, ``properties`` and ``tasks`` (task → :class:`TaskHandle`), from
+    its ``metadata``, the blob whose key is ``metadata_key``."""
 
-    pipeline: str
-    id: int
-    timestamp: float
-    savepoint: bool
-    properties: Mapping[str, Any]
-    tasks: Mapping[str, TaskHandle]
+    metadata: Metadata
     metadata_key: str
     _client: BlobClient = field(repr=False, compare=False)
     _cache: BlobCache | None = field(default=None, repr=False, compare=False)
@@ -80,9 +76,33 @@ class CompletedCheckpoint:
     _hold: _Hold = field(default_factory=lambda: _Hold(), repr=False, compare=False)
 
     @property
+    def pipeline(self) -> str:
+        return self.metadata.pipeline
+
+    @property
+    def id(self) -> int:
+        return self.metadata.checkpoint_id
+
+    @property
+    def timestamp(self) -> float:
+        return self.metadata.timestamp
+
+    @property
+    def savepoint(self) -> bool:
+        return self.metadata.savepoint
+
+    @property
+    def properties(self) -> Mapping[str, Any]:
+        return self.metadata.properties
+
+    @property
+    def tasks(self) -> Mapping[str, TaskHandle]:
+        return self.metadata.tasks
+
+    @property
     def size(self) -> int:
         """Bytes of state, every task's together."""
-        return sum(handle.size for handle in self.tasks.values())
+        return self.metadata.size
 
     def restore(self, task: str, dest: str | os.PathLike[str], *, writable: bool = False) -> Path:
         """Write ``task``'s state at ``dest`` (a directory for a directory's state, else a
@@ -138,18 +158,7 @@ def load_checkpoint(
         raw = client.get(job=pipeline_job(pipeline), name=metadata_name(checkpoint_id))
         if blake3.blake3(raw).hexdigest() != key:
             raise CheckpointError(f"its metadata blob does not hash to {key}")
-        metadata: Metadata = parse_metadata(raw)
+        metadata = parse_metadata(raw)
     except (BlobError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {checkpoint_id} of {pipeline} cannot be restored: {exc}") from exc
-    return CompletedCheckpoint(
-        pipeline,
-        metadata.checkpoint_id,
-        metadata.timestamp,
-        metadata.savepoint,
-        metadata.properties,
-        metadata.tasks,
-        str(key),
-        client,
-        cache,
-        hold_seconds,
-    )
+    return CompletedCheckpoint(metadata, str(key), client, cache, hold_seconds)
