@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -579,3 +580,22 @@ def test_a_task_restores_from_the_handle_its_driver_sent(store: CheckpointStore,
         with pytest.raises(NotFound):  # a checkpoint that is not there is not held
             on_the_executor.restore(checkpoint_id + 1, handle.to_json(), tmp_path / "r2")
     assert not (tmp_path / "r2").exists()
+
+
+def test_retention_never_deletes_state_a_checkpoint_references(settings: Settings, tmp_path: Path) -> None:
+    aggressive = replace(settings, content_ttl=0.001, max_store_bytes=1, retention_grace=0.0)
+    running = ServerThread(aggressive).start()
+    try:
+        with CheckpointStore(running.address, "pipe", retain=2) as store:
+            for data in (b"first" * 1000, b"second" * 1000):
+                with store.begin(tasks=["0"]) as pending:
+                    pending.acknowledge("0", store.snapshot("0", data))
+            store.client.put(b"unreferenced content" * 1000)  # what retention may take
+            for stored in (settings.data_dir / "objects").iterdir():  # every blob unread for an hour
+                os.utime(stored, (time.time() - 3600, stored.stat().st_mtime))
+            swept = asyncio.run_coroutine_threadsafe(running.server.retention.sweep(), running.loop).result(30)
+            assert [candidate.size for candidate in swept] == [len(b"unreferenced content" * 1000)]
+            for checkpoint, data in zip(store.list(), (b"first" * 1000, b"second" * 1000), strict=True):
+                assert checkpoint.restore("0", tmp_path / str(checkpoint.id)).read_bytes() == data
+    finally:
+        running.stop()
