@@ -599,3 +599,12 @@ def test_retention_never_deletes_state_a_checkpoint_references(settings: Setting
                 assert checkpoint.restore("0", tmp_path / str(checkpoint.id)).read_bytes() == data
     finally:
         running.stop()
+
+
+def test_a_trigger_waits_out_the_minimum_pause_after_a_completion(server_thread: ServerThread) -> None:
+    with CheckpointStore(server_thread.address, "pipe", min_pause=0.3) as store:
+        with store.begin(tasks=["0"]) as pending:
+            pending.acknowledge("0", store.snapshot("0", b"x"))
+        completed = time.monotonic()
+        store.begin(tasks=["0"]).abort("only the wait mattered")
+        assert time.monotonic() - completed >= 0.3

@@ -190,6 +190,21 @@ class CheckpointMachine(RuleBasedStateMachine):
         del self.completed[checkpoint_id]
         self.settled = True
 
+    @precondition(lambda self: self.pending is None and self.completed)
+    @rule(data=st.data())
+    def delete_while_restoring(self, data: st.DataObject) -> None:
+        """A restore holds its checkpoint: deleted meanwhile, its state is still all there."""
+        checkpoint_id = data.draw(st.sampled_from(sorted(self.completed)))
+        (checkpoint,) = [c for c in self.store.list() if c.id == checkpoint_id]
+        expected = self.completed.pop(checkpoint_id)
+        with checkpoint.held():
+            self.store.delete(checkpoint_id)
+            for task, files in expected.states.items():
+                target = self.directory / f"restore-{next(self.counter)}"
+                checkpoint.restore(task, target)
+                assert _read(target) == files
+        self.settled = True
+
     @rule()
     def restart_server(self) -> None:
         self.server.stop()
@@ -231,12 +246,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             for task, expected in self.completed[checkpoint.id].states.items():
                 target = self.directory / f"restore-{next(self.counter)}"
                 checkpoint.restore(task, target)
-                if "" in expected:
-                    assert target.read_bytes() == expected[""]
-                else:
-                    assert {
-                        p.relative_to(target).as_posix(): p.read_bytes() for p in target.rglob("*") if p.is_file()
-                    } == expected
+                assert _read(target) == expected
                 with contextlib.suppress(FileNotFoundError):
                     shutil.rmtree(target) if target.is_dir() else target.unlink()
 
@@ -253,6 +263,13 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.store.records()  # waits for the discard a completion started
         names = {info.name or "" for info in self.store.client.list(pipeline_job("machine"))}
         assert {name for name in names if name.startswith("state/")} == referenced
+
+
+def _read(target: Path) -> dict[str, bytes]:
+    """A restored state as the model holds it: a file's bytes under "", a directory's by path."""
+    if target.is_file():
+        return {"": target.read_bytes()}
+    return {p.relative_to(target).as_posix(): p.read_bytes() for p in target.rglob("*") if p.is_file()}
 
 
 CheckpointMachine.TestCase.settings = settings(
