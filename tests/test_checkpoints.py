@@ -608,3 +608,14 @@ def test_a_trigger_waits_out_the_minimum_pause_after_a_completion(server_thread:
         completed = time.monotonic()
         store.begin(tasks=["0"]).abort("only the wait mattered")
         assert time.monotonic() - completed >= 0.3
+
+
+def test_nothing_is_discarded_while_a_checkpoint_is_pending(store: CheckpointStore, tmp_path: Path) -> None:
+    with store.begin(tasks=["0"]) as old:
+        old.acknowledge("0", store.snapshot("0", b"old"))
+    pending = store.begin(tasks=["0"])
+    pending.acknowledge("0", store.snapshot("0", b"linked while pending"))
+    store.delete(old.id)  # a discard: the pending checkpoint's state is referenced by nothing retained yet
+    assert store.records() == []
+    completed = pending.complete()  # its state is all there still
+    assert completed.restore("0", tmp_path / "r").read_bytes() == b"linked while pending"
