@@ -619,3 +619,10 @@ def test_nothing_is_discarded_while_a_checkpoint_is_pending(store: CheckpointSto
     assert store.records() == []
     completed = pending.complete()  # its state is all there still
     assert completed.restore("0", tmp_path / "r").read_bytes() == b"linked while pending"
+
+
+def test_a_checkpoint_completed_inside_its_block_leaves_it_quietly(store: CheckpointStore) -> None:
+    with store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", b"x"))
+        completed = pending.complete()
+    assert pending.completed == completed and [c.id for c in store.list()] == [completed.id]
