@@ -626,3 +626,12 @@ def test_a_checkpoint_completed_inside_its_block_leaves_it_quietly(store: Checkp
         pending.acknowledge("0", store.snapshot("0", b"x"))
         completed = pending.complete()
     assert pending.completed == completed and [c.id for c in store.list()] == [completed.id]
+
+
+def test_a_store_of_something_else_than_a_server_or_blocking_client_is_refused() -> None:
+    from blobsvc import AsyncBlobClient
+
+    with pytest.raises(TypeError, match="not AsyncBlobClient"):
+        CheckpointStore(AsyncBlobClient("127.0.0.1:1"), "pipe")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pipeline name"):
+        CheckpointStore("127.0.0.1:1", "no/slashes")
