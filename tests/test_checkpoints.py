@@ -128,7 +128,10 @@ def test_a_checkpoint_that_times_out_is_aborted_by_its_timer(server_thread: Serv
         assert pending.state.value == "aborted" and "timed out" in (pending.reason or "")
         with pytest.raises(CheckpointAborted, match="timed out"):
             pending.acknowledge("0", store.snapshot("0", b"x"))
-        assert store.client.status()["checkpoints_aborted"] == 1
+        deadline = time.monotonic() + 10  # the timer tells the server on its own thread
+        while store.client.status()["checkpoints_aborted"] != 1:
+            assert time.monotonic() < deadline, "the server never heard of the abort"
+            time.sleep(0.01)
 
 
 def test_ids_strictly_increase_even_across_a_server_restart(settings: Settings) -> None:
