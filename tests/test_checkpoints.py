@@ -539,8 +539,10 @@ def test_a_record_is_fsynced_before_its_rename_and_its_directory_after(
 def test_discarded_state_frees_the_servers_disk(server_thread: ServerThread, tmp_path: Path) -> None:
     storage = server_thread.server.storage
     with CheckpointStore(server_thread.address, "pipe", retain=1) as store:
-        for generation in range(3):
-            state = write_tree(tmp_path / f"s{generation}", {f"f{i}": os.urandom(100_000) for i in range(3)})
+        unchanged = {f"f{i}": os.urandom(100_000) for i in range(3)}
+        for generation in range(4):  # twice the same state (linked again), then new state twice
+            files = unchanged if generation < 2 else {f"f{i}": os.urandom(100_000) for i in range(3)}
+            state = write_tree(tmp_path / f"s{generation}", files)
             with store.begin(tasks=["0"]) as pending:
                 pending.acknowledge("0", store.snapshot("0", state))
             metadata_size = store.records()[0]["metadata_size"]
@@ -566,7 +568,10 @@ def test_holds_and_pending_checkpoints_are_bounded(
         client.checkpoints(request)  # room again
     store.begin(tasks=["0"])
     epoch = store.coordinator.epoch
-    with BlobClient(server_thread.address, retries=0) as client, pytest.raises(Busy, match="1 checkpoints are pending"):
+    with (
+        BlobClient(server_thread.address, retries=0) as client,
+        pytest.raises(Busy, match="1 checkpoints of pipe are pending"),
+    ):
         client.checkpoints({"action": "trigger", "pipeline": "pipe", "epoch": epoch, "timeout": 60})
 
 
@@ -638,3 +643,31 @@ def test_a_store_of_something_else_than_a_server_or_blocking_client_is_refused()
         CheckpointStore(AsyncBlobClient("127.0.0.1:1"), "pipe")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pipeline name"):
         CheckpointStore("127.0.0.1:1", "no/slashes")
+
+
+def test_a_restarted_server_still_knows_what_is_pending(settings: Settings, tmp_path: Path) -> None:
+    fixed = replace(settings, port=str(free_port()))  # the client finds the restarted server there
+    running = ServerThread(fixed).start()
+    client = BlobClient(running.address, retries=5, backoff=0.05)
+    try:
+        with CheckpointStore(client, "pipe") as store:
+            with store.begin(tasks=["0"]) as old:
+                old.acknowledge("0", store.snapshot("0", b"old"))
+            pending = store.begin(tasks=["0"])
+            pending.acknowledge("0", store.snapshot("0", b"linked before the restart"))
+            running.stop()
+            running = ServerThread(fixed).start()
+            assert store.client.checkpoints({"action": "list", "pipeline": "pipe"})["pending"] == [pending.id]
+            store.delete(old.id)  # a discard: the pending checkpoint's state must stay
+            assert pending.complete().restore("0", tmp_path / "r").read_bytes() == b"linked before the restart"
+    finally:
+        client.close()
+        running.stop()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

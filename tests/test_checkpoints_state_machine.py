@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import shutil
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -26,22 +25,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from blobsvc import BlobClient
-from blobsvc._exceptions import InvalidArgument, NotFound
+from blobsvc._exceptions import InvalidArgument
 from blobsvc.checkpoints import CheckpointAborted, CheckpointStore, Fenced, PendingCheckpoint
 from blobsvc.config import Settings
 from blobsvc.wire._checkpoints import pipeline_job, state_name
 
 from .conftest import ServerThread
+from .test_checkpoints import free_port
 
 RETAIN = 2
 TASKS = ("0", "1")
 PIECES = (b"", b"a", b"bb", b"state" * 100)  # few values: unchanged state is common, as in life
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -77,10 +71,6 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.pending: Pending | None = None
         self.zombie: Pending | None = None
         self.settled = True  # nothing pending anywhere: discarding has had its turn
-        # The server keeps pending checkpoints in memory: after its restart, a discard (here, the
-        # zombie's abort) may take the state of one it forgot, which then fails to complete.
-        self.forgotten = False
-        self.at_risk = False
         self.counter = itertools.count()
 
     def _new_store(self) -> CheckpointStore:
@@ -103,7 +93,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     @rule(savepoint=st.booleans())
     def trigger(self, savepoint: bool) -> None:
         self.pending = Pending(self.store.begin(TASKS, {"n": next(self.counter)}, savepoint=savepoint))
-        self.settled = self.forgotten = self.at_risk = False
+        self.settled = False
 
     @precondition(lambda self: self.pending is None)
     @rule(
@@ -145,13 +135,6 @@ class CheckpointMachine(RuleBasedStateMachine):
         if len(pending.acknowledged) < len(TASKS):
             with pytest.raises(CheckpointAborted, match="did not acknowledge"):
                 pending.checkpoint.complete()
-        elif self.at_risk:
-            try:
-                completed = pending.checkpoint.complete()
-            except NotFound:  # its state was discarded while the server did not know it pending
-                self.settled = True
-                return
-            self._add(completed.id, Expected(pending.checkpoint.savepoint, pending.acknowledged))
         else:
             completed = pending.checkpoint.complete()
             self._add(completed.id, Expected(pending.checkpoint.savepoint, pending.acknowledged))
@@ -209,7 +192,6 @@ class CheckpointMachine(RuleBasedStateMachine):
     def restart_server(self) -> None:
         self.server.stop()
         self.server = ServerThread(self.settings).start()  # same data directory, same port
-        self.forgotten = self.pending is not None
 
     @rule()
     def restart_coordinator(self) -> None:
@@ -229,7 +211,6 @@ class CheckpointMachine(RuleBasedStateMachine):
         expected: type[Exception] = Fenced if len(zombie.acknowledged) == len(TASKS) else CheckpointAborted
         with pytest.raises(expected):
             zombie.checkpoint.complete()
-        self.at_risk = self.forgotten
 
     # --- invariants --------------------------------------------------------------------------
 

@@ -7,17 +7,23 @@ the recovery mode keeps what must survive: a record is a few fields (id, time, s
 the key and size of the metadata blob) and the metadata itself is a blob. Two kinds:
 
 * :class:`FileCheckpointRecords` (standalone): ``<data dir>/checkpoints/<pipeline>/`` holds
-  ``writer`` (the epoch), ``counter`` (the last id given) and ``completed/<id>``, each file
-  written to a temporary name, fsynced, renamed and its directory fsynced.
+  ``writer`` (the epoch), ``counter`` (the last id given), ``pending/<id>`` and
+  ``completed/<id>``, each file written to a temporary name, fsynced, renamed and its
+  directory fsynced.
 * :class:`ZooKeeperCheckpointRecords` (zookeeper): nodes ``checkpoints/<pipeline>/writer``
-  (its version is the epoch), ``counter`` and ``completed/<id>`` under the cluster's root. Every
-  write is one transaction that first checks the cluster's ``epoch`` node still has this
-  server's fencing token: only the leader writes, and a deposed one's write fails whole.
+  (its version is the epoch), ``counter``, ``pending/<id>`` and ``completed/<id>`` under the
+  cluster's root. Every write is one transaction that first checks the cluster's ``epoch``
+  node still has this server's fencing token: only the leader writes, and a deposed one's
+  write fails whole.
+
+Pending checkpoints are records too (their writer's epoch and deadline, wall-clock), so that a
+restarted server or a new leader knows what is in flight and discards none of its state.
 
 **Writer epochs** fence coordinators as leader epochs fence servers: :meth:`register` bumps
 the pipeline's epoch and returns it; :meth:`add` and a subsuming :meth:`remove` check, in the
 same atomic step as the write (the transaction; in standalone, under the records' lock), that
-the epoch given is still the pipeline's, else raise :class:`Fenced`. So once a new coordinator
+the epoch given is still the pipeline's, else raise :class:`Fenced`; so do
+:meth:`add_pending` (a trigger). So once a new coordinator
 registered, an older one can never complete or subsume.
 
 Session loss (zookeeper): every write's transaction fails on a SUSPENDED or LOST session or a
@@ -66,6 +72,18 @@ def _parse_record(checkpoint_id: int, raw: bytes) -> Record:
         return {"id": checkpoint_id, "problem": f"its record is damaged: {exc}"}
 
 
+def _parse_pending(raw: bytes) -> Record:
+    """A pending checkpoint's entry; a damaged one is taken as pending for ever (nothing of the
+    pipeline is discarded) rather than as ended."""
+    try:
+        entry = json.loads(raw)
+        if isinstance(entry, dict) and isinstance(entry.get("deadline"), int | float):
+            return entry
+    except (ValueError, UnicodeDecodeError):
+        pass
+    return {"epoch": None, "deadline": float("inf")}
+
+
 def _encode(record: Record) -> bytes:
     return json.dumps(record, separators=(",", ":"), sort_keys=True).encode()
 
@@ -90,6 +108,16 @@ class CheckpointRecords(Protocol):
 
     def records(self, pipeline: str) -> list[Record]:
         """The completed checkpoints' records, by id."""
+
+    def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float) -> None:
+        """Record a triggered checkpoint until ``deadline`` (Unix time), if ``epoch`` is still
+        the writer's (else :class:`Fenced`)."""
+
+    def remove_pending(self, pipeline: str, checkpoint_ids: list[int]) -> None:
+        """Forget pending checkpoints (completed, aborted, expired); those not there are skipped."""
+
+    def pending(self, pipeline: str) -> dict[int, Record]:
+        """The pending checkpoints: id → ``{"epoch", "deadline"}``."""
 
 
 class FileCheckpointRecords:
@@ -148,6 +176,30 @@ class FileCheckpointRecords:
                 raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}")
             self._files.remove(path)
 
+    def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float) -> None:
+        check_pipeline(pipeline)
+        with self._lock:
+            self._check_writer(pipeline, epoch)
+            entry = {"epoch": epoch, "deadline": deadline}
+            self._files.write_bytes(f"{pipeline}/pending/{_id_name(checkpoint_id)}", _encode(entry))
+
+    def remove_pending(self, pipeline: str, checkpoint_ids: list[int]) -> None:
+        check_pipeline(pipeline)
+        with self._lock:
+            for checkpoint_id in checkpoint_ids:
+                self._files.remove(f"{pipeline}/pending/{_id_name(checkpoint_id)}")
+
+    def pending(self, pipeline: str) -> dict[int, Record]:
+        check_pipeline(pipeline)
+        found = {}
+        for name in self._files.listdir(f"{pipeline}/pending"):
+            if name.isdigit():
+                try:
+                    found[int(name)] = _parse_pending((self.root / pipeline / "pending" / name).read_bytes())
+                except FileNotFoundError:  # removed since the listing
+                    continue
+        return found
+
     def records(self, pipeline: str) -> list[Record]:
         check_pipeline(pipeline)
         found = []
@@ -200,7 +252,7 @@ class ZooKeeperCheckpointRecords:
     def _ensure(self, pipeline: str) -> str:
         root = self._root(pipeline)
         if root not in self._ensured:
-            for node in (f"{root}/completed", f"{root}/writer", f"{root}/counter"):
+            for node in (f"{root}/completed", f"{root}/pending", f"{root}/writer", f"{root}/counter"):
                 self.client.ensure_path(node)
             self._ensured.add(root)
         return root
@@ -262,6 +314,44 @@ class ZooKeeperCheckpointRecords:
             self._commit(transaction, pipeline, epoch)
         except NoNodeError:
             raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}") from None
+
+    def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float) -> None:
+        root = self._ensure(pipeline)
+        transaction = self._transaction()
+        transaction.check(f"{root}/writer", epoch)
+        entry = {"epoch": epoch, "deadline": deadline}
+        transaction.create(f"{root}/pending/{_id_name(checkpoint_id)}", _encode(entry))
+        self._commit(transaction, pipeline, epoch)
+
+    def remove_pending(self, pipeline: str, checkpoint_ids: list[int]) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        root = self._root(pipeline)
+        for checkpoint_id in checkpoint_ids:
+            transaction = self._transaction()
+            transaction.delete(f"{root}/pending/{_id_name(checkpoint_id)}")
+            try:
+                self._commit(transaction, pipeline)
+            except NoNodeError:
+                continue
+
+    def pending(self, pipeline: str) -> dict[int, Record]:
+        from kazoo.exceptions import NoNodeError
+
+        root = self._root(pipeline)
+        try:
+            names = self.client.get_children(f"{root}/pending")
+        except NoNodeError:
+            return {}
+        found = {}
+        for name in names:
+            if name.isdigit():
+                try:
+                    data, _ = self.client.get(f"{root}/pending/{name}")
+                except NoNodeError:
+                    continue
+                found[int(name)] = _parse_pending(data)
+        return found
 
     def records(self, pipeline: str) -> list[Record]:
         from kazoo.exceptions import NoNodeError

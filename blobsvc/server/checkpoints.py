@@ -21,7 +21,8 @@ the server keeps them; the records themselves are the recovery mode's
    registration also forgets the pending checkpoints of every older one.
 4. **Discard only what nothing references.** A state name goes when no retained checkpoint's
    metadata and no restore's hold references its content, and never while a checkpoint of the
-   pipeline is pending on this server (its tasks may just have linked it). When a retained
+   pipeline is pending (its tasks may just have linked it; pending checkpoints are records, so
+   a restarted server or a new leader knows them). When a retained
    checkpoint's references are unknown (its record or metadata cannot be read, and this server
    never read that metadata intact), nothing is discarded. After a completion, discarding runs
    in the background, after the answer; ``list`` waits for it.
@@ -29,9 +30,8 @@ the server keeps them; the records themselves are the recovery mode's
    at WARNING once, counted (``checkpoints_damaged``) and named in STATUS; ``list`` marks it
    with a ``problem`` so that a restore takes the previous one, saying so.
 
-Pending checkpoints and holds live in this server's memory: a restart or a failover forgets
-them. That costs no safety (a checkpoint whose state was discarded meanwhile fails rule 1 and
-is aborted; a restore verifies every byte it reads) but may cost that checkpoint.
+Holds live in this server's memory: a restart or a failover forgets them. That costs no
+safety (a restore verifies every byte it reads) but may cost that restore.
 """
 
 from __future__ import annotations
@@ -85,11 +85,10 @@ _T = TypeVar("_T")
 MAX_RETAIN = 10_000
 MAX_TIMEOUT = 7 * 86400.0  # a pending checkpoint or a hold: a week is beyond any use
 MAX_DAMAGED_LISTED = 20  # STATUS names this many damaged records; the count says how many
-# What a client can make the server hold in memory: pending checkpoints (a coordinator has
-# one or a few) and restores' holds (one per restore under way) are a few hundred bytes each
-# and a hold keeps its checkpoint's keys, so both are bounded; past the bound, BUSY (they
-# expire, so a retry succeeds).
-MAX_PENDING = 10_000
+# What a client can make the server keep: pending checkpoints (a coordinator has one or a few;
+# each is a record) and restores' holds (one per restore under way, in memory, with its
+# checkpoint's keys) are bounded; past the bound, BUSY (they expire, so a retry succeeds).
+MAX_PENDING = 1_000  # per pipeline
 MAX_HOLDS = 1_000
 # Requests of one pipeline that write take turns under its lock: one of this many, chosen by
 # the pipeline's name, so that names a client makes up cost no memory.
@@ -128,7 +127,6 @@ class Checkpoints:
         self.server = server
         self._records: CheckpointRecords | None = None
         self._stripes = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
-        self._pending: dict[str, dict[int, float]] = {}  # pipeline → id → deadline (monotonic)
         self._holds: dict[str, dict[str, tuple[float, int, frozenset[bytes]]]] = {}  # → token → (deadline, id, keys)
         # The state keys of metadata read before, by (pipeline, id, metadata key): a blob's
         # content never changes under its key, so what it references never does either.
@@ -155,7 +153,7 @@ class Checkpoints:
             pipeline = check_pipeline(request.get("pipeline"))
         except InvalidArgument as exc:
             raise BadRequest(str(exc)) from None
-        self._expire(pipeline)
+        self._expire_holds(pipeline)
         match action:
             case "register":
                 return await self._register(pipeline)
@@ -183,16 +181,20 @@ class Checkpoints:
         async with self._lock(pipeline):
             epoch = await self._records_call(self.records.register, pipeline)
             # The older coordinators' pending checkpoints can never complete now.
-            self.counts["aborted"] += len(self._pending.pop(pipeline, {}))
+            pending = await self._records_call(self.records.pending, pipeline)
+            older = [i for i, entry in pending.items() if entry.get("epoch") != epoch]
+            await self._records_call(self.records.remove_pending, pipeline, older)
+            self.counts["aborted"] += len(older)
         log.info("pipeline %s: coordinator epoch %d registered", pipeline, epoch)
         return {"epoch": epoch}
 
     async def _trigger(self, pipeline: str, epoch: int, timeout: float) -> dict[str, Any]:
-        await self._check_writer(pipeline, epoch)
-        if sum(map(len, self._pending.values())) >= MAX_PENDING:
-            raise Busy(f"{MAX_PENDING} checkpoints are pending on this server: wait for some to end")
+        await self._check_writer(pipeline, epoch)  # before an id goes to a replaced coordinator
+        if len(await self._live_pending(pipeline)) >= MAX_PENDING:
+            raise Busy(f"{MAX_PENDING} checkpoints of {pipeline} are pending: wait for some to end")
         checkpoint_id = await self._records_call(self.records.next_id, pipeline)
-        self._pending.setdefault(pipeline, {})[checkpoint_id] = time.monotonic() + timeout
+        # FENCED here too, in one step with the write, if a registration came between.
+        await self._records_call(self.records.add_pending, pipeline, epoch, checkpoint_id, time.time() + timeout)
         return {"id": checkpoint_id}
 
     async def _check_writer(self, pipeline: str, epoch: int) -> None:
@@ -227,7 +229,7 @@ class Checkpoints:
         _crash_point("before-record")
         await self._records_call(self.records.add, pipeline, epoch, record)  # FENCED when replaced
         _crash_point("after-record")
-        self._pending.get(pipeline, {}).pop(checkpoint_id, None)
+        await self._records_call(self.records.remove_pending, pipeline, [checkpoint_id])
         self.counts["completed"] += 1
         self.counts["bytes_sent"] += metadata.bytes_sent
         self.counts["bytes_reused"] += metadata.size - metadata.bytes_sent
@@ -289,7 +291,8 @@ class Checkpoints:
 
     async def _abort(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
         async with self._lock(pipeline):
-            if self._pending.get(pipeline, {}).pop(checkpoint_id, None) is not None:
+            if checkpoint_id in await self._records_call(self.records.pending, pipeline):
+                await self._records_call(self.records.remove_pending, pipeline, [checkpoint_id])
                 self.counts["aborted"] += 1
             discarded = await self._discard(pipeline)
         return {"discarded": discarded}
@@ -310,7 +313,7 @@ class Checkpoints:
         return {
             "checkpoints": records,
             "epoch": await self._records_call(self.records.writer, pipeline),
-            "pending": sorted(self._pending.get(pipeline, {})),
+            "pending": sorted(await self._live_pending(pipeline)),
         }
 
     async def _delete(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
@@ -429,7 +432,7 @@ class Checkpoints:
     async def _discard(self, pipeline: str) -> int:
         """Delete the pipeline's state and metadata names nothing references (rule 4); the
         caller holds the pipeline's lock. Returns how many names went."""
-        if self._pending.get(pipeline):
+        if await self._live_pending(pipeline):
             return 0
         records = await self._records_call(self.records.records, pipeline)
         referenced: set[bytes] = set()
@@ -467,13 +470,19 @@ class Checkpoints:
             log.info("pipeline %s: discarded %d blobs no checkpoint references", pipeline, discarded)
         return discarded
 
-    def _expire(self, pipeline: str) -> None:
+    async def _live_pending(self, pipeline: str) -> dict[int, Record]:
+        """The pipeline's pending checkpoints; those past their deadline are aborted here."""
+        pending = await self._records_call(self.records.pending, pipeline)
+        now = time.time()
+        expired = [checkpoint_id for checkpoint_id, entry in pending.items() if entry["deadline"] < now]
+        if expired:
+            await self._records_call(self.records.remove_pending, pipeline, expired)
+            self.counts["aborted"] += len(expired)
+            log.info("pipeline %s: checkpoints %s timed out", pipeline, expired)
+        return {checkpoint_id: entry for checkpoint_id, entry in pending.items() if checkpoint_id not in expired}
+
+    def _expire_holds(self, pipeline: str) -> None:
         now = time.monotonic()
-        pending = self._pending.get(pipeline, {})
-        for checkpoint_id in [i for i, deadline in pending.items() if deadline < now]:
-            del pending[checkpoint_id]
-            self.counts["aborted"] += 1
-            log.info("pipeline %s: checkpoint %d timed out", pipeline, checkpoint_id)
         holds = self._holds.get(pipeline, {})
         for token in [t for t, (deadline, _, _) in holds.items() if deadline < now]:
             del holds[token]
