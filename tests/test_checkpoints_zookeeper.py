@@ -55,9 +55,15 @@ def test_records_are_written_only_under_the_leaders_epoch_and_fence_a_replaced_w
     record = {"id": first, "timestamp": 1.0, "savepoint": False, "metadata": "0" * 64}
     records.add("p", old, record)
     records.add("p", old, record)  # again: a retried complete is a no-op
+    records.add_pending("p", old, 7, 123.5)
+    assert records.pending("p") == {7: {"epoch": old, "deadline": 123.5}}
     new = records.register("p")
     with pytest.raises(Fenced):
         records.add("p", old, {**record, "id": records.next_id("p")})
+    with pytest.raises(Fenced):
+        records.add_pending("p", old, 8, 123.5)  # a replaced coordinator triggers nothing
+    records.remove_pending("p", [7, 8])  # what is not there is skipped
+    assert records.pending("p") == {}
     with pytest.raises(Fenced):
         records.remove("p", old, first)
     kazoo.set(paths.epoch, b"another leader")  # a newer leader's bump
