@@ -677,3 +677,12 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("properties", [{1: "a"}, {"t": (1, 2)}, {"x": object()}, {"n": float("nan")}])
+def test_properties_that_would_not_come_back_as_given_are_refused(
+    store: CheckpointStore, properties: dict[Any, Any]
+) -> None:
+    with pytest.raises(InvalidArgument, match="properties"):
+        store.begin(tasks=["0"], properties=properties)
+    assert store.coordinator.pending == []

@@ -101,9 +101,11 @@ class CheckpointCoordinator:
             raise InvalidArgument(f"a checkpoint's timeout is more than 0 and at most {MAX_TIMEOUT:g} seconds")
         properties = dict(properties or {})
         try:
-            json.dumps(properties)
+            round_trip = json.loads(json.dumps(properties))
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"a checkpoint's properties must be plain JSON: {exc}") from None
+        if round_trip != properties:  # keys that are not strings, tuples: a restore would see others
+            raise InvalidArgument("a checkpoint's properties must come back from JSON as they are (string keys, lists)")
         pause = self._last_completion + self.options.min_pause - time.monotonic()
         if pause > 0:
             time.sleep(pause)
