@@ -96,6 +96,8 @@ def test_a_restore_never_writes_into_an_existing_destination(store: CheckpointSt
         latest.restore("0", out / "taken")
     assert (out / "taken").read_bytes() == b"mine"
     assert [p.name for p in out.iterdir()] == ["taken"]  # no temporary left
+    with pytest.raises(InvalidArgument, match="not a directory"):
+        latest.restore("0", out / "missing" / "dest")
 
 
 def test_leaving_the_block_with_a_task_missing_aborts_and_nothing_is_visible(store: CheckpointStore) -> None:

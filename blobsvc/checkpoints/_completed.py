@@ -159,6 +159,8 @@ def load_checkpoint(
         if blake3.blake3(raw).hexdigest() != key:
             raise CheckpointError(f"its metadata blob does not hash to {key}")
         metadata = parse_metadata(raw)
+        if (metadata.pipeline, metadata.checkpoint_id) != (pipeline, checkpoint_id):
+            raise CheckpointError(f"its metadata is checkpoint {metadata.checkpoint_id} of {metadata.pipeline}")
     except (BlobError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {checkpoint_id} of {pipeline} cannot be restored: {exc}") from exc
     return CompletedCheckpoint(metadata, str(key), client, cache, hold_seconds)

@@ -47,6 +47,8 @@ def restore(
         replaces_empty_dir = True
     elif os.path.lexists(dest):
         raise InvalidArgument(f"{dest} exists: a restore writes a new file or directory")
+    if not dest.parent.is_dir():
+        raise InvalidArgument(f"{dest.parent} is not a directory: a restore writes into one that exists")
     temp = dest.parent / f".{dest.name}.restore-{secrets.token_hex(6)}"
     job = pipeline_job(pipeline)
     try:
