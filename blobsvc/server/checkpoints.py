@@ -89,7 +89,7 @@ MAX_DAMAGED_LISTED = 20  # STATUS names this many damaged records; the count say
 # each is a record) and restores' holds (one per restore under way, in memory, with its
 # checkpoint's keys) are bounded; past the bound, BUSY (they expire, so a retry succeeds).
 MAX_PENDING = 1_000  # per pipeline
-MAX_HOLDS = 1_000
+MAX_HOLDS = 10_000  # a restore per task: a pipeline of thousands of partitions restores at once
 # Requests of one pipeline that write take turns under its lock: one of this many, chosen by
 # the pipeline's name, so that names a client makes up cost no memory.
 LOCK_STRIPES = 64
