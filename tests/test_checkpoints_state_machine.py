@@ -254,7 +254,7 @@ def _read(target: Path) -> dict[str, bytes]:
 
 
 CheckpointMachine.TestCase.settings = settings(
-    max_examples=12,
+    max_examples=20,
     stateful_step_count=15,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
