@@ -688,3 +688,10 @@ def test_properties_that_would_not_come_back_as_given_are_refused(
     with pytest.raises(InvalidArgument, match="properties"):
         store.begin(tasks=["0"], properties=properties)
     assert store.coordinator.pending == []
+
+
+def test_the_package_needs_no_pyspark() -> None:
+    """(That it never imports the server is import-linter's contract: ``blobsvc`` itself does.)"""
+    code = "import sys, blobsvc.checkpoints; print('pyspark' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "False"
