@@ -695,3 +695,14 @@ def test_the_package_needs_no_pyspark() -> None:
     code = "import sys, blobsvc.checkpoints; print('pyspark' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_partition_numbers_are_task_names(store: CheckpointStore, tmp_path: Path) -> None:
+    with store.begin(tasks=range(2)) as pending:
+        for partition in range(2):
+            pending.acknowledge(partition, store.snapshot(partition, b"partition %d" % partition))
+    latest = store.latest()
+    assert latest is not None and sorted(latest.tasks) == ["0", "1"]
+    assert latest.restore(1, tmp_path / "r").read_bytes() == b"partition 1"
+    with pytest.raises(InvalidArgument, match="task name"):
+        store.begin(tasks=[-1])

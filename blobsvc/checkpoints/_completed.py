@@ -28,7 +28,7 @@ import blake3
 from .._exceptions import BlobError, CheckpointError, InvalidArgument
 from ..cache import BlobCache
 from ..client import BlobClient
-from ..wire._checkpoints import Metadata, TaskHandle, metadata_name, parse_metadata, pipeline_job
+from ..wire._checkpoints import Metadata, Task, TaskHandle, check_task, metadata_name, parse_metadata, pipeline_job
 from ._restore import restore
 
 __all__ = ["DEFAULT_HOLD_SECONDS", "CompletedCheckpoint", "holding", "load_checkpoint"]
@@ -104,11 +104,11 @@ class CompletedCheckpoint:
         """Bytes of state, every task's together."""
         return self.metadata.size
 
-    def restore(self, task: str, dest: str | os.PathLike[str], *, writable: bool = False) -> Path:
+    def restore(self, task: Task, dest: str | os.PathLike[str], *, writable: bool = False) -> Path:
         """Write ``task``'s state at ``dest`` (a directory for a directory's state, else a
         file), every byte verified; files read-only unless ``writable``. ``dest`` must not
         exist (or be an empty directory). Returns ``dest``."""
-        handle = self.tasks.get(task)
+        handle = self.tasks.get(check_task(task))
         if handle is None:
             raise InvalidArgument(f"checkpoint {self.id} of {self.pipeline} has no task {task!r}")
         with self.held():

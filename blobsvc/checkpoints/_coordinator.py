@@ -35,7 +35,7 @@ from typing import Any
 from .._exceptions import BlobError, CheckpointError, InvalidArgument
 from ..cache import BlobCache
 from ..client import BlobClient
-from ..wire._checkpoints import Metadata, check_task, metadata_name, pipeline_job
+from ..wire._checkpoints import Metadata, Task, check_task, metadata_name, pipeline_job
 from ._completed import DEFAULT_HOLD_SECONDS, CompletedCheckpoint, load_checkpoint
 from ._failures import CheckpointFailureManager
 from ._pending import CheckpointState, PendingCheckpoint
@@ -84,7 +84,7 @@ class CheckpointCoordinator:
 
     def trigger(
         self,
-        tasks: Iterable[str],
+        tasks: Iterable[Task],
         properties: Mapping[str, Any] | None = None,
         *,
         savepoint: bool = False,

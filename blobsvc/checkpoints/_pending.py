@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from .._exceptions import CheckpointAborted, InvalidArgument
-from ..wire._checkpoints import TaskHandle
+from ..wire._checkpoints import Task, TaskHandle, check_task
 from ._completed import CompletedCheckpoint
 
 __all__ = ["CheckpointState", "PendingCheckpoint"]
@@ -92,9 +92,10 @@ class PendingCheckpoint:
         """The tasks that have not acknowledged."""
         return [task for task in self.tasks if task not in self.acknowledged]
 
-    def acknowledge(self, task: str, handle: TaskHandle | Mapping[str, Any]) -> None:
+    def acknowledge(self, task: Task, handle: TaskHandle | Mapping[str, Any]) -> None:
         """Record ``task``'s state (the handle its snapshot returned, or its JSON form).
         :class:`CheckpointAborted` when the checkpoint was aborted meanwhile."""
+        task = check_task(task)
         if not isinstance(handle, TaskHandle):
             handle = TaskHandle.from_json(dict(handle))
         with self._lock:
@@ -108,9 +109,9 @@ class PendingCheckpoint:
                 raise InvalidArgument(f"task {task!r} already acknowledged checkpoint {self.id} with other state")
             self.acknowledged[task] = handle
 
-    def decline(self, task: str, reason: str) -> None:
+    def decline(self, task: Task, reason: str) -> None:
         """``task`` cannot take its part: the checkpoint is aborted."""
-        self.abort(f"task {task} declined: {reason}")
+        self.abort(f"task {check_task(task)} declined: {reason}")
 
     def complete(self) -> CompletedCheckpoint:
         """Complete it: metadata written, then the server's record added (then the oldest

@@ -25,7 +25,7 @@ import blake3
 
 from .._exceptions import InvalidArgument, NotFound
 from ..client import BlobClient
-from ..wire._checkpoints import MAX_FILES, FileEntry, TaskHandle, check_task, pipeline_job, state_name
+from ..wire._checkpoints import MAX_FILES, FileEntry, Task, TaskHandle, check_task, pipeline_job, state_name
 from ..wire._ids import hash_file
 
 __all__ = ["SNAPSHOT_THREADS", "snapshot"]
@@ -37,10 +37,10 @@ SNAPSHOT_THREADS = 8
 StateSource = str | os.PathLike[str] | bytes | bytearray | memoryview
 
 
-def snapshot(client: BlobClient, pipeline: str, task: str, source: StateSource) -> TaskHandle:
+def snapshot(client: BlobClient, pipeline: str, task: Task, source: StateSource) -> TaskHandle:
     """Store ``source`` as ``task``'s state for a checkpoint of ``pipeline``; the handle to
     acknowledge it with."""
-    check_task(task)
+    task = check_task(task)
     job = pipeline_job(pipeline)
     if isinstance(source, bytes | bytearray | memoryview):
         data = bytes(source)

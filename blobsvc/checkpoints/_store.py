@@ -24,7 +24,7 @@ from typing import Any
 from .._exceptions import CheckpointError, InvalidArgumentType, NotFound
 from ..cache import BlobCache
 from ..client import BlobClient
-from ..wire._checkpoints import TaskHandle, check_pipeline
+from ..wire._checkpoints import Task, TaskHandle, check_pipeline
 from ._completed import DEFAULT_HOLD_SECONDS, CompletedCheckpoint, holding, load_checkpoint
 from ._coordinator import CheckpointCoordinator, CheckpointOptions
 from ._pending import PendingCheckpoint
@@ -78,7 +78,7 @@ class CheckpointStore:
 
     def begin(
         self,
-        tasks: Iterable[str],
+        tasks: Iterable[Task],
         properties: Mapping[str, Any] | None = None,
         *,
         savepoint: bool = False,
@@ -90,7 +90,7 @@ class CheckpointStore:
         overrides the store's for this checkpoint."""
         return self.coordinator.trigger(tasks, properties, savepoint=savepoint, timeout=timeout)
 
-    def snapshot(self, task: str, source: StateSource) -> TaskHandle:
+    def snapshot(self, task: Task, source: StateSource) -> TaskHandle:
         """Store ``task``'s state (a directory, a file, or bytes) and return its handle, for
         ``pending.acknowledge(task, handle)``. Unchanged files send no bytes."""
         return snapshot(self.client, self.pipeline, task, source)

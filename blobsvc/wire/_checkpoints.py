@@ -32,6 +32,7 @@ __all__ = [
     "METADATA_FORMAT",
     "FileEntry",
     "Metadata",
+    "Task",
     "TaskHandle",
     "check_pipeline",
     "check_task",
@@ -69,8 +70,15 @@ def check_pipeline(pipeline: object) -> str:
     return pipeline
 
 
+Task = str | int
+"""A task's name: text, or a number (a partition's) that stands for its decimal text."""
+
+
 def check_task(task: object) -> str:
-    """``task`` when it is a valid task name, else :class:`InvalidArgument`."""
+    """``task``'s name (a number as its decimal text) when it is a valid one, else
+    :class:`InvalidArgument`."""
+    if isinstance(task, int) and not isinstance(task, bool) and task >= 0:
+        task = str(task)
     if not isinstance(task, str) or not _TASK.fullmatch(task):
         raise InvalidArgument(f"a task name is 1 to 128 letters, digits, '.', ':', '-' or '_', not {task!r}")
     return task
