@@ -15,6 +15,9 @@
     │       ├── ReadTimeout
     │       └── WriteTimeout
     ├── ClientClosed                  a client used after close() (also a RuntimeError)
+    ├── CheckpointError               a checkpoint could not be taken (blobsvc.checkpoints)
+    │   ├── CheckpointAborted         ... it was aborted: declined, timed out, not fully acknowledged
+    │   └── CheckpointFailuresExceeded  more checkpoints in a row failed than tolerated
     └── ServerError                   the server answered with an error frame
         ├── BadRequest                  1
         ├── NotFound                    2
@@ -27,7 +30,8 @@
         ├── InsufficientStorage         9
         ├── UnsupportedVersion         10
         ├── InternalError              11
-        └── BadOffset                  12
+        ├── BadOffset                  12
+        └── Fenced                     13   a checkpoint coordinator that a newer one replaced
 
 ``ERRORS`` maps each wire code to its class, as kazoo's exception registry does; the server
 turns a raised ``ServerError`` into an error frame with ``.code`` and the client turns an
@@ -47,11 +51,15 @@ __all__ = [
     "BadRequest",
     "BlobError",
     "Busy",
+    "CheckpointAborted",
+    "CheckpointError",
+    "CheckpointFailuresExceeded",
     "ClientClosed",
     "ConnectError",
     "ConnectTimeout",
     "ConnectionClosed",
     "DigestMismatch",
+    "Fenced",
     "InsufficientStorage",
     "InternalError",
     "InvalidArgument",
@@ -97,6 +105,24 @@ class InvalidArgumentType(InvalidArgument, TypeError):
 
 class ClientClosed(BlobError, RuntimeError):
     """A client was used after it was closed."""
+
+
+class CheckpointError(BlobError):
+    """A checkpoint could not be taken or used (:mod:`blobsvc.checkpoints`)."""
+
+
+class CheckpointAborted(CheckpointError):
+    """A checkpoint was aborted and will never be visible: a task declined, it timed out, or
+    its block ended before every task acknowledged. ``checkpoint_id`` says which."""
+
+    def __init__(self, message: str, checkpoint_id: int | None = None) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+
+
+class CheckpointFailuresExceeded(CheckpointError):
+    """More checkpoints failed in a row than the coordinator's ``tolerable_failures``: the
+    pipeline should stop, as a Flink job fails."""
 
 
 class RemoteProtocolError(ProtocolError):
@@ -240,6 +266,12 @@ class InternalError(ServerError):
 @_code(12, keeps_connection=True)
 class BadOffset(ServerError):
     """A GET offset beyond the end of the blob."""
+
+
+@_code(13, keeps_connection=True)
+class Fenced(ServerError):
+    """A checkpoint coordinator that a newer one of its pipeline replaced (a zombie driver):
+    it may no longer complete, subsume or abort checkpoints."""
 
 
 def error_for_code(code: int, message: str) -> ServerError:

@@ -67,6 +67,8 @@ from .wire._protocol import (
     NEED_DATA,
     AuthOk,
     AuthRequest,
+    CheckpointsOk,
+    CheckpointsRequest,
     ClientConnection,
     ClientEvent,
     ContentKey,
@@ -498,15 +500,7 @@ class AsyncBlobClient:
     @classmethod
     def from_settings(cls, settings: Settings, *, one_shot: bool = False) -> AsyncBlobClient:
         """A client of ``settings.server`` with its secret, TLS files, timeouts and retries."""
-        return cls(
-            settings.server,
-            secret=settings.secret(),
-            connect_timeout=settings.connect_timeout,
-            timeout=settings.timeout,
-            retries=settings.retries,
-            tls=client_context_for(settings),
-            one_shot=one_shot,
-        )
+        return cls(settings.server, one_shot=one_shot, **_options_from(settings))
 
     @property
     def server(self) -> str:
@@ -532,18 +526,22 @@ class AsyncBlobClient:
         *,
         job: JobLike | None = None,
         name: str | None = None,
+        key: KeyLike | None = None,
         timeout: float | None = None,
         progress: Progress | None = None,
     ) -> str:
         """Upload ``source`` (bytes, a file path, or a binary stream) and return its key.
 
         Without ``job`` the blob is content-addressed; with ``job`` and ``name`` it is stored
-        under that name, replacing an earlier blob of the name atomically.
+        under that name, replacing an earlier blob of the name atomically. A ``key`` known
+        already (bytes or a file the caller hashed) is sent as the digest rather than hash
+        them again; bytes that do not hash to it raise :class:`DigestMismatch` and store nothing.
         """
         if (job is None) != (name is None):
             raise InvalidArgument("a job-scoped blob needs both job and name")
         target = JobBlob(job_bytes(job), name) if job is not None and name is not None else None
-        return await self._upload(source, target, timeout, progress)
+        digest = key_bytes(key) if key is not None else None
+        return await self._upload(source, target, timeout, progress, digest=digest)
 
     async def _upload(
         self,
@@ -795,6 +793,13 @@ class AsyncBlobClient:
         as :meth:`status` is; a malformed report raises :class:`BadRequest`."""
         reply = await self._simple(HeartbeatRequest(dict(report)), timeout)
         assert isinstance(reply, HeartbeatOk)
+        return reply.reply
+
+    async def checkpoints(self, request: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """A CHECKPOINTS request (docs/protocol.md lists the actions): what
+        :mod:`blobsvc.checkpoints` sends. Retried, and sent to the leader, as :meth:`status` is."""
+        reply = await self._simple(CheckpointsRequest(dict(request)), timeout)
+        assert isinstance(reply, CheckpointsOk)
         return reply.reply
 
     # --- machinery ---------------------------------------------------------------------------
@@ -1239,6 +1244,17 @@ async def _shut_down(client: AsyncBlobClient) -> None:
     await client.aclose()
 
 
+def _options_from(settings: Settings) -> dict[str, Any]:
+    """A client's options from the settings: secret, TLS files, timeouts and retries."""
+    return {
+        "secret": settings.secret(),
+        "connect_timeout": settings.connect_timeout,
+        "timeout": settings.timeout,
+        "retries": settings.retries,
+        "tls": client_context_for(settings),
+    }
+
+
 class BlobClient:
     """The blocking face of :class:`AsyncBlobClient`: the same methods, without ``await``.
 
@@ -1279,6 +1295,11 @@ class BlobClient:
         self._loop, self._pid = loop, os.getpid()
         self._client = AsyncBlobClient(self._server, **self._options)
 
+    @classmethod
+    def from_settings(cls, settings: Settings, *, one_shot: bool = False) -> BlobClient:
+        """A client of ``settings.server`` with its secret, TLS files, timeouts and retries."""
+        return cls(settings.server, one_shot=one_shot, **_options_from(settings))
+
     @property
     def server(self) -> str:
         return AsyncBlobClient(self._server).server
@@ -1297,6 +1318,7 @@ class BlobClient:
     hosts = _blocking(AsyncBlobClient.hosts)
     link = _blocking(AsyncBlobClient.link)
     put_file = _blocking(AsyncBlobClient.put_file)
+    checkpoints = _blocking(AsyncBlobClient.checkpoints)
 
     def close(self) -> None:
         if self._state is _State.CLOSED:

@@ -24,6 +24,7 @@ SPEC_CODES = {
     10: ("UnsupportedVersion", False),
     11: ("InternalError", False),
     12: ("BadOffset", True),
+    13: ("Fenced", True),
 }
 
 

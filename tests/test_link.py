@@ -73,6 +73,18 @@ def test_storage_links_content_under_a_job_name_and_replaces_atomically(storage:
     assert storage.layout.object(key).stat().st_nlink == 3  # object, content name, job name
 
 
+def test_linking_a_name_to_the_content_it_holds_already_leaves_nothing_behind(storage: BlobStorage) -> None:
+    """rename(2) of two links to one file does nothing: the temporary link must still go (a
+    checkpoint links its unchanged state files again and again)."""
+    key = put(storage, b"unchanged state", JobBlob(JOB, "state"))
+    for _ in range(3):
+        storage.link(key, JobBlob(JOB, "state"))
+    assert [p.name for p in storage.layout.job_dir(JOB).iterdir()] == [storage.layout.job_blob(JOB, "state").name]
+    assert storage.layout.object(key).stat().st_nlink == 2  # the object and its one name
+    storage.delete(JobBlob(JOB, "state"))
+    assert not storage.layout.object(key).exists()  # nothing else held it
+
+
 def test_storage_links_content_that_only_another_job_names(storage: BlobStorage) -> None:
     key = put(storage, b"jar bytes", JobBlob(OTHER_JOB, "app.jar"))
     storage.link(key, JobBlob(JOB, "app.jar"))

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from blobsvc import ConnectionClosed, InvalidArgument, LocalProtocolError, RemoteProtocolError
 from blobsvc.wire._protocol import (
     CLOSED,
+    MAX_CHECKPOINTS_REPLY_BYTES,
+    MAX_CHECKPOINTS_REQUEST_BYTES,
     MAX_HEARTBEAT_BYTES,
     MAX_HOSTS_BYTES,
     MAX_NAME_BYTES,
@@ -23,6 +25,8 @@ from blobsvc.wire._protocol import (
     NEED_DATA,
     AuthOk,
     AuthRequest,
+    CheckpointsOk,
+    CheckpointsRequest,
     ClientConnection,
     ContentKey,
     Data,
@@ -109,6 +113,7 @@ REQUEST_CASES: list[tuple[Sequence[Any], bytes]] = [
     ([AuthRequest(KEY)], b"\x7f" + KEY),
     ([StatusRequest()], b"\x06"),
     ([HostsRequest()], b"\x08"),
+    ([CheckpointsRequest({"action": "list"})], b"\x09\x11\x00\x00\x00" + b'{"action":"list"}'),
     ([HeartbeatRequest({"agent": "h:1", "jobs": []})], b"\x07\x19\x00\x00\x00" + b'{"agent":"h:1","jobs":[]}'),
 ]
 
@@ -225,7 +230,7 @@ def test_put_body_bytes_received_as_bytes_are_passed_on_without_a_copy() -> None
         (b"BLOC", 1, "magic"),
         (b"BLOB\x02\x00", 10, "version 2"),
         (b"BLOB\x01\x01", 1, "flags"),
-        (b"BLOB\x01\x00\x09", 1, "opcode 0x09"),
+        (b"BLOB\x01\x00\x0a", 1, "opcode 0x0a"),
         (b"BLOB\x01\x00\x01\x07", 1, "addressing byte 0x07"),
         (b"BLOB\x01\x00\x01\x02", 1, "GET does not take addressing JOB_ALL"),
         (b"BLOB\x01\x00\x00\x02", 1, "PUT does not take addressing JOB_ALL"),
@@ -474,6 +479,39 @@ def test_a_heartbeat_of_exactly_the_limit_is_taken() -> None:
 def test_a_heartbeat_that_json_cannot_hold_is_an_invalid_argument() -> None:
     with pytest.raises(InvalidArgument, match="plain JSON"):
         encode_request(HeartbeatRequest({"when": object()}))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_checkpoints_reply_is_a_length_prefixed_json_object(mode: str) -> None:
+    reply = {"id": 7}
+    wire = ServerConnection().send(CheckpointsOk(reply))
+    assert wire == b"\x00" + struct.pack("<I", 8) + b'{"id":7}'
+    client = client_after_hello()
+    client.send(CheckpointsRequest({"action": "trigger"}))
+    client.send(StatRequest(ContentKey(KEY)))  # pipelined behind it
+    assert feed(client, wire + ServerConnection().send(StatOk(1, KEY)), mode) == [CheckpointsOk(reply), StatOk(1, KEY)]
+
+
+def test_the_checkpoints_example_of_the_spec_is_byte_exact() -> None:
+    request = {"action": "trigger", "pipeline": "clicks", "epoch": 1, "timeout": 600}
+    wire = bytes.fromhex("0940000000") + b'{"action":"trigger","pipeline":"clicks","epoch":1,"timeout":600}'
+    assert encode_request(CheckpointsRequest(request)) == wire
+    assert ServerConnection().send(CheckpointsOk({"id": 1})) == bytes.fromhex("0008000000") + b'{"id":1}'
+
+
+def test_a_checkpoints_request_or_reply_over_its_limit_is_refused_before_it_is_buffered() -> None:
+    server = server_after_hello()
+    server.receive_data(b"\x09" + struct.pack("<I", MAX_CHECKPOINTS_REQUEST_BYTES + 1))
+    with pytest.raises(RemoteProtocolError, match=r"checkpoints request document of .* over the limit") as caught:
+        server.next_event()
+    assert caught.value.code == 1
+    client = client_after_hello()
+    with pytest.raises(LocalProtocolError, match="over the limit"):
+        client.send(CheckpointsRequest({"x": "y" * MAX_CHECKPOINTS_REQUEST_BYTES}))
+    client.send(CheckpointsRequest({"action": "list"}))
+    client.receive_data(b"\x00" + struct.pack("<I", MAX_CHECKPOINTS_REPLY_BYTES + 1))
+    with pytest.raises(RemoteProtocolError, match="over the limit"):
+        client.next_event()
 
 
 def test_server_hello_with_auth_carries_the_nonce() -> None:

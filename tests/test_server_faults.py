@@ -294,7 +294,7 @@ async def test_server_preamble_without_auth_is_exactly_magic_version_and_zero_fl
 # --- malformed requests -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("opcode", [0x09, 0x10, 0x7E, 0x80, 0xFF])  # 0x05 is LINK, 0x06 STATUS
+@pytest.mark.parametrize("opcode", [0x0A, 0x10, 0x7E, 0x80, 0xFF])  # 0x05 is LINK, 0x06 STATUS, 0x09 CHECKPOINTS
 async def test_unknown_opcode_gets_bad_request_and_close(server: BlobServer, opcode: int) -> None:
     message = await expect_refusal(server, bytes([opcode, CONTENT]) + MISSING_KEY, BAD_REQUEST)
     assert f"{opcode:02x}" in message

@@ -37,6 +37,7 @@ from ..config import Settings
 from ..files._layout import key_from_filename
 from ..storage import BlobStorage, StagedUpload
 from ..wire._protocol import ContentKey, JobBlob, WholeJob
+from .checkpoints import FileCheckpointRecords, ZooKeeperCheckpointRecords
 from .discovery import INSTALL_HINT, ZkPaths, check_cluster_id, connect_zookeeper, require_kazoo
 from .store import FileSystemBlobStore, check_store, failure, open_blob_store
 
@@ -89,8 +90,15 @@ class Standalone:
     async def holds_job(self, job: bytes) -> bool:
         return False
 
+    async def names(self, job: bytes) -> list[str]:
+        return []
+
     def status(self) -> dict[str, Any]:
         return {"mode": self.mode}
+
+    def checkpoint_records(self, storage: BlobStorage) -> FileCheckpointRecords:
+        """The pipelines' checkpoint records: fsynced files in the data directory."""
+        return FileCheckpointRecords(storage.layout.root / "checkpoints")
 
 
 class ZooKeeperHA:
@@ -267,6 +275,10 @@ class ZooKeeperHA:
             log.warning("could not ask the HA store about job %s: %s", job.hex(), exc)
             return True
 
+    async def names(self, job: bytes) -> list[str]:
+        """The names of ``job`` the HA store holds (a new leader's disk may lack some)."""
+        return await self._in_store("could not be listed", lambda: self.blobs.names(job))
+
     def status(self) -> dict[str, Any]:
         """For STATUS and the metrics: reads only. ``store`` is where caches read blobs from
         (docs/protocol.md, "STATUS"). ``ha_blobs`` is counted in a worker thread
@@ -288,6 +300,15 @@ class ZooKeeperHA:
             "ha_blobs": self._ha_blobs,
             "ha_store_error": self._store_error,
         }
+
+    def checkpoint_records(self, storage: BlobStorage) -> ZooKeeperCheckpointRecords:
+        """The pipelines' checkpoint records: ZooKeeper nodes, written while this server leads
+        only (after :meth:`start`)."""
+        election = self._election
+        assert self._client is not None and election is not None, "start() first"
+        return ZooKeeperCheckpointRecords(
+            self._client, self.paths, lambda: election.token if election.may_write() else None
+        )
 
     def _count(self) -> None:
         with self._counting:

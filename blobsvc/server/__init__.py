@@ -32,7 +32,8 @@ then cancel the rest, which removes their staging files on the way out.
 The part ``blobsvc/server/``: this module (listeners, connections, requests) and its helpers:
 ``_fastpath`` (small requests answered from the reader callback), ``_jobgate`` (writes and
 deletions of a job take turns), ``_logs`` (text or JSON logs), ``hosts`` (the agents'
-registry), ``metrics`` (Prometheus), ``_retention`` (content TTL and the store's byte limit).
+registry), ``metrics`` (Prometheus), ``_retention`` (content TTL and the store's byte limit),
+``checkpoints`` (each pipeline's checkpoints).
 May import :mod:`blobsvc.ha`, :mod:`blobsvc.http`, :mod:`blobsvc.storage`, :mod:`blobsvc.wire`,
 config and exceptions; never the client side. Its helpers never import this module: what they
 use of the server or a connection they name as a Protocol of their own (``FastPathConnection``,
@@ -81,6 +82,8 @@ from ..wire._protocol import (
     NEED_DATA,
     AuthOk,
     AuthRequest,
+    CheckpointsOk,
+    CheckpointsRequest,
     ContentKey,
     Data,
     DeleteOk,
@@ -116,6 +119,7 @@ from ._fastpath import FastPath
 from ._jobgate import JobGates
 from ._logs import log_request
 from ._retention import Retention
+from .checkpoints import Checkpoints
 from .hosts import HostRegistry, HostReport, heartbeat_reply
 
 if TYPE_CHECKING:
@@ -179,7 +183,13 @@ class BlobServer:
         """Requests served, by kind (``"GET"``, ``"PUT"``, …): for operators and tests."""
         self.observers: list[RequestObserver] = []
         """Called after each request (metrics, request logs); none costs nothing."""
-        self.status_sources: list[Callable[[], Mapping[str, Any]]] = [self.ha.status, self.retention.status]
+        self.checkpoints = Checkpoints(self)
+        """Every pipeline's checkpoints: the CHECKPOINTS request (:mod:`blobsvc.server.checkpoints`)."""
+        self.status_sources: list[Callable[[], Mapping[str, Any]]] = [
+            self.ha.status,
+            self.retention.status,
+            self.checkpoints.status,
+        ]
         """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
         event loop and from the metrics thread, so they only read."""
         self._started = time.time()
@@ -224,6 +234,7 @@ class BlobServer:
                 raise
         try:
             await self.ha.start(self.address, self.storage)
+            self.checkpoints.start()
         except BaseException:
             self._listener.close()
             raise
@@ -250,6 +261,12 @@ class BlobServer:
             if not await self.ha.recover(target):
                 raise
         return self.storage.open_blob(target)
+
+    async def delete_blob(self, target: ContentKey | JobBlob | WholeJob) -> None:
+        """Delete both copies, the HA one first: a lazy recovery must not revive it."""
+        async with self.deleting_in(target):
+            await self.ha.delete(target)
+            await asyncio.to_thread(self.storage.delete, target)
 
     def writing_into(self, target: JobBlob | None) -> contextlib.AbstractAsyncContextManager[None]:
         """What a PUT or LINK holds from its HA copy to its local one (:mod:`blobsvc.server._jobgate`)."""
@@ -284,6 +301,7 @@ class BlobServer:
             self._sweeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeping
+        await self.checkpoints.stop()  # before stepping down too: no discard outlives leadership
         # Step down first: clients move on to the next leader while we finish.
         await self.ha.stop()
         for accepting in self._accepting:
@@ -508,9 +526,7 @@ class _Connection(Connection):
                 with await self.server.open_blob(target) as blob:
                     await self._send(StatOk(blob.size, blob.digest))
             case DeleteRequest(target):
-                async with self.server.deleting_in(target):
-                    await self.server.ha.delete(target)  # the HA copy first: a lazy recovery must not revive it
-                    await asyncio.to_thread(self.storage.delete, target)
+                await self.server.delete_blob(target)
                 await self._send(DeleteOk())
             case LinkRequest(target, key):
                 await self._link(target, key)
@@ -527,6 +543,8 @@ class _Connection(Connection):
             case HostsRequest():
                 # The server's clock comes along: "seen N s ago" needs no agreement with the client's.
                 await self._send(HostsOk({"hosts": self.server.hosts.listing(), "now": round(time.time(), 3)}))
+            case CheckpointsRequest(request):
+                await self._send(CheckpointsOk(await self.server.checkpoints.handle(request)))
             case _:
                 raise RemoteProtocolError(f"unexpected {type(event).__name__}")
 

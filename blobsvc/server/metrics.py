@@ -10,7 +10,8 @@ Two kinds of figures, each gathered the cheaper way:
 * **State**, read at scrape time from :meth:`BlobServer.status`: connections, BUSY refusals,
   stored blobs and bytes, free disk, staging files, uploads in flight, what the start-up scan
   removed, the role (and, once HA gives them, leader changes), agents live and lost and their
-  heartbeats. Nothing is kept for these.
+  heartbeats, checkpoints completed, aborted, subsumed and damaged, the last one's id and
+  age, state bytes sent and reused. Nothing is kept for these.
 
 Scrapes are answered by prometheus-client's HTTP server in a daemon thread on
 ``metrics_port``, and by the ``/metrics`` route of the server's HTTP face (built in a worker
@@ -63,6 +64,20 @@ _STATE_COUNTERS = (
     ("blobsvc_busy_refusals", "busy_refusals", "Connections refused with BUSY at the connection limit."),
     ("blobsvc_journal_checkpoints", "journal_checkpoints", "Checkpoints of the journal of small PUTs (syncfs)."),
     ("blobsvc_agent_heartbeats", "heartbeats", "Heartbeats answered from executor hosts' agents."),
+    ("blobsvc_checkpoints_completed", "checkpoints_completed", "Checkpoints completed (since the server started)."),
+    ("blobsvc_checkpoints_aborted", "checkpoints_aborted", "Checkpoints aborted: declined, timed out, replaced."),
+    ("blobsvc_checkpoints_subsumed", "checkpoints_subsumed", "Completed checkpoints subsumed beyond retain."),
+    ("blobsvc_checkpoints_discarded_blobs", "checkpoints_discarded_blobs", "State and metadata blobs discarded."),
+    (
+        "blobsvc_checkpoints_state_sent_bytes",
+        "checkpoints_state_bytes_sent",
+        "Bytes of completed checkpoints' state whose bytes were sent (new or changed files).",
+    ),
+    (
+        "blobsvc_checkpoints_state_reused_bytes",
+        "checkpoints_state_bytes_reused",
+        "Bytes of completed checkpoints' state linked, not sent (unchanged files).",
+    ),
 )
 _STATE_GAUGES = (
     ("blobsvc_connections", "connections", "Open client connections."),
@@ -213,6 +228,21 @@ class ServerMetrics:
                 freed.add_metric([reason], retention["deleted_bytes"][reason])
             yield deleted
             yield freed
+        # Described always, sampled once a checkpoint completed: no made-up id before the first.
+        last_id = GaugeMetricFamily("blobsvc_checkpoints_last_completed_id", "The id of the last checkpoint completed.")
+        last_age = GaugeMetricFamily(
+            "blobsvc_checkpoints_last_completed_age_seconds", "Seconds since the last checkpoint completed."
+        )
+        if status["checkpoints_last_completed_id"] is not None:
+            last_id.add_metric([], status["checkpoints_last_completed_id"])
+            last_age.add_metric([], status["checkpoints_last_completed_age_seconds"])
+        yield last_id
+        yield last_age
+        yield GaugeMetricFamily(
+            "blobsvc_checkpoints_damaged",
+            "Completed checkpoints whose metadata is missing or damaged (restores fall back).",
+            value=status["checkpoints_damaged"],
+        )
         if "leader_changes" in status:  # given by HA's status source
             yield CounterMetricFamily(
                 "blobsvc_leader_changes", "Leaders this server has seen elected.", value=status["leader_changes"]

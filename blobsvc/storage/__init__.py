@@ -1039,9 +1039,10 @@ def _replace_link(source: Path, name: Path) -> None:
     os.link(source, temp)
     try:
         os.replace(temp, name)
-    except BaseException:
+    finally:
+        # Gone after a rename, but rename(2) does nothing when both names are links to one
+        # file (``name`` held this content already): then the temporary link would stay.
         _remove(temp)
-        raise
 
 
 def _describe(target: ContentKey | JobBlob) -> str:

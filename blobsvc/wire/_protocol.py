@@ -50,6 +50,8 @@ __all__ = [
     "KEY_SIZE",
     "MAC_SIZE",
     "MAGIC",
+    "MAX_CHECKPOINTS_REPLY_BYTES",
+    "MAX_CHECKPOINTS_REQUEST_BYTES",
     "MAX_ERROR_MESSAGE",
     "MAX_HEARTBEAT_BYTES",
     "MAX_HOSTS_BYTES",
@@ -62,6 +64,8 @@ __all__ = [
     "Addressing",
     "AuthOk",
     "AuthRequest",
+    "CheckpointsOk",
+    "CheckpointsRequest",
     "ClientConnection",
     "ContentKey",
     "Data",
@@ -128,6 +132,12 @@ MAX_HOSTS_BYTES = 16 << 20
 # kept small: the server holds at most this much per connection for it. The reply names a
 # subset of those jobs and is bounded the same way.
 MAX_HEARTBEAT_BYTES = 64 << 10
+# A CHECKPOINTS request names a pipeline, an action and a few numbers; a checkpoint's handles
+# travel as a blob, never in it. 64 KiB, like a heartbeat: the server buffers it whole. Its
+# answer lists a pipeline's completed checkpoints, a few hundred bytes each: 4 MiB holds some
+# 15,000 of them (savepoints are never subsumed, so a pipeline may keep many).
+MAX_CHECKPOINTS_REQUEST_BYTES = 64 << 10
+MAX_CHECKPOINTS_REPLY_BYTES = 4 << 20
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -148,6 +158,7 @@ class Op(enum.IntEnum):
     STATUS = 0x06
     HEARTBEAT = 0x07
     HOSTS = 0x08
+    CHECKPOINTS = 0x09
     AUTH = 0x7F
 
 
@@ -350,6 +361,15 @@ class HeartbeatRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointsRequest:
+    """A checkpoint coordinator's or operator's request about one pipeline's checkpoints: a
+    JSON object with an ``action`` (register, trigger, complete, abort, list, delete, hold,
+    release), documented in docs/protocol.md."""
+
+    request: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Data:
     """A piece of a PUT or GET body."""
 
@@ -435,6 +455,13 @@ class HeartbeatOk:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointsOk:
+    """The answer to a CHECKPOINTS request as a JSON object (docs/protocol.md)."""
+
+    reply: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorFrame:
     code: int
     message: str = ""
@@ -456,8 +483,22 @@ Request = (
     | LinkRequest
     | HeartbeatRequest
     | HostsRequest
+    | CheckpointsRequest
 )
-Reply = AuthOk | PutOk | GetOk | DeleteOk | StatOk | ListOk | StatusOk | LinkOk | HeartbeatOk | HostsOk | ErrorFrame
+Reply = (
+    AuthOk
+    | PutOk
+    | GetOk
+    | DeleteOk
+    | StatOk
+    | ListOk
+    | StatusOk
+    | LinkOk
+    | HeartbeatOk
+    | HostsOk
+    | CheckpointsOk
+    | ErrorFrame
+)
 ServerEvent = Hello | Request | Data | PutTrailer
 ClientEvent = ServerHello | Reply | Data | EndOfBody
 
@@ -474,14 +515,17 @@ def _encode_target(target: Target) -> bytes:
     return bytes([Addressing.JOB_ALL]) + target.job
 
 
-# STATUS, HEARTBEAT and HOSTS carry a JSON object behind a u32 length: (document kind, limit).
+# STATUS, HEARTBEAT, HOSTS and CHECKPOINTS carry a JSON object behind a u32 length: (document kind, limit).
 _STATUS_DOCUMENT = ("status", MAX_STATUS_BYTES)
 _HEARTBEAT_DOCUMENT = ("heartbeat", MAX_HEARTBEAT_BYTES)
 _HOSTS_DOCUMENT = ("hosts", MAX_HOSTS_BYTES)
-_DOCUMENT_REPLIES: dict[type, tuple[type[StatusOk | HeartbeatOk | HostsOk], tuple[str, int]]] = {
+_CHECKPOINTS_REQUEST = ("checkpoints request", MAX_CHECKPOINTS_REQUEST_BYTES)
+_CHECKPOINTS_REPLY = ("checkpoints reply", MAX_CHECKPOINTS_REPLY_BYTES)
+_DOCUMENT_REPLIES: dict[type, tuple[type[StatusOk | HeartbeatOk | HostsOk | CheckpointsOk], tuple[str, int]]] = {
     StatusRequest: (StatusOk, _STATUS_DOCUMENT),
     HeartbeatRequest: (HeartbeatOk, _HEARTBEAT_DOCUMENT),
     HostsRequest: (HostsOk, _HOSTS_DOCUMENT),
+    CheckpointsRequest: (CheckpointsOk, _CHECKPOINTS_REPLY),
 }
 
 
@@ -527,6 +571,8 @@ def encode_request(frame: Hello | Request | PutTrailer) -> bytes:
             return bytes([Op.HEARTBEAT]) + _encode_document(report, _HEARTBEAT_DOCUMENT)
         case LinkRequest(target, key):
             return bytes([Op.LINK]) + _encode_target(target) + key
+        case CheckpointsRequest(request):
+            return bytes([Op.CHECKPOINTS]) + _encode_document(request, _CHECKPOINTS_REQUEST)
     raise LocalProtocolError(f"a client does not send {type(frame).__name__}")
 
 
@@ -556,6 +602,8 @@ def encode_reply(frame: ServerHello | Reply) -> bytes:
             return b"\x00" + _encode_document(reply, _HEARTBEAT_DOCUMENT)
         case HostsOk(hosts):
             return b"\x00" + _encode_document(hosts, _HOSTS_DOCUMENT)
+        case CheckpointsOk(reply):
+            return b"\x00" + _encode_document(reply, _CHECKPOINTS_REPLY)
         case ErrorFrame(code, message):
             raw = message.encode("utf-8", "replace")[:MAX_ERROR_MESSAGE]
             return _ERROR_HEADER.pack(_STATUS_ERROR, code, len(raw)) + raw
@@ -663,6 +711,8 @@ def _read_request(cursor: _Cursor) -> Request:
         return HostsRequest()
     if op is Op.HEARTBEAT:
         return HeartbeatRequest(_read_document(cursor, _HEARTBEAT_DOCUMENT))
+    if op is Op.CHECKPOINTS:
+        return CheckpointsRequest(_read_document(cursor, _CHECKPOINTS_REQUEST))
     if op is Op.LIST:
         target = _read_target(cursor, op, (Addressing.JOB_ALL,))
         assert isinstance(target, WholeJob)
@@ -1074,7 +1124,7 @@ class ClientConnection(_Receiver):
             del self._buf[: 1 + KEY_SIZE]
             self._expected.popleft()
             return PutOk(key)
-        if isinstance(request, StatusRequest | HeartbeatRequest | HostsRequest):
+        if isinstance(request, StatusRequest | HeartbeatRequest | HostsRequest | CheckpointsRequest):
             return self._read_document_reply(request)
         if isinstance(request, ListRequest):
             if len(self._buf) < 1 + _U32.size:
@@ -1090,8 +1140,8 @@ class ClientConnection(_Receiver):
         return AuthOk() if isinstance(request, AuthRequest) else DeleteOk()
 
     def _read_document_reply(
-        self, request: StatusRequest | HeartbeatRequest | HostsRequest
-    ) -> StatusOk | HeartbeatOk | HostsOk | Signal:
+        self, request: StatusRequest | HeartbeatRequest | HostsRequest | CheckpointsRequest
+    ) -> StatusOk | HeartbeatOk | HostsOk | CheckpointsOk | Signal:
         frame, kind = _DOCUMENT_REPLIES[type(request)]
         document = self._try(lambda cursor: _read_ok_document(cursor, kind))
         if isinstance(document, Signal):

@@ -1,0 +1,522 @@
+"""The server's side of checkpoints: the CHECKPOINTS request's actions for each pipeline.
+
+:Status: Production.
+
+Flink's ``CompletedCheckpointStore``, ``CheckpointIDCounter`` and ``SharedStateRegistry`` as
+the server keeps them; the records themselves are the recovery mode's
+(:mod:`blobsvc.ha.checkpoints`), the state and metadata are blobs of the pipeline's job
+(:mod:`blobsvc.wire._checkpoints`). Each rule is enforced here, once:
+
+1. **Complete only what is whole.** ``complete`` reads the checkpoint's metadata blob, checks
+   its bytes against the key the coordinator names (a damaged or replaced blob is refused),
+   and checks that every state file it references is there under ``state/<key>`` with that
+   content. Only then is the record added; a checkpoint whose state is not all there is
+   refused, and stays invisible.
+2. **Add first, subsume after.** The record is durable (fsynced file, or ZooKeeper node)
+   before the oldest checkpoints beyond ``retain`` are subsumed: if adding fails, nothing
+   retained is lost. Savepoints are never subsumed.
+3. **A replaced writer is fenced.** ``register`` gives a coordinator a new writer epoch;
+   ``trigger``, ``complete`` and subsuming name it, and the records refuse (FENCED) an epoch
+   that is no longer the pipeline's, in the same atomic step as the write. A new coordinator's
+   registration also forgets the pending checkpoints of every older one.
+4. **Discard only what nothing references.** A state name goes when no retained checkpoint's
+   metadata and no restore's hold references its content, and never while a checkpoint of the
+   pipeline is pending (its tasks may just have linked it; pending checkpoints are records, so
+   a restarted server or a new leader knows them). When a retained
+   checkpoint's references are unknown (its record or metadata cannot be read, and this server
+   never read that metadata intact), nothing is discarded. After a completion, discarding runs
+   in the background, after the answer; ``list`` waits for it.
+5. **Never silently fall back.** A record whose metadata blob is missing or damaged is logged
+   at WARNING once, counted (``checkpoints_damaged``) and named in STATUS; ``list`` marks it
+   with a ``problem`` so that a restore takes the previous one, saying so.
+
+Holds live in this server's memory: a restart or a failover forgets them. That costs no
+safety (a restore verifies every byte it reads) but may cost that restore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import secrets
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import blake3
+
+from .._exceptions import (
+    BadRequest,
+    BlobError,
+    Busy,
+    DigestMismatch,
+    Fenced,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    NotLeader,
+)
+from ..wire._checkpoints import (
+    MAX_METADATA_BYTES,
+    Metadata,
+    check_pipeline,
+    metadata_id,
+    metadata_name,
+    parse_metadata,
+    pipeline_job,
+    state_key,
+    state_name,
+)
+from ..wire._protocol import ContentKey, JobBlob
+
+if TYPE_CHECKING:
+    from ..ha import HighAvailability
+    from ..ha.checkpoints import CheckpointRecords, Record
+    from ..storage import BlobStorage, OpenBlob
+
+__all__ = ["CheckpointServer", "Checkpoints"]
+
+log = logging.getLogger("blobsvc.checkpoints")
+_T = TypeVar("_T")
+
+MAX_RETAIN = 10_000
+MAX_TIMEOUT = 7 * 86400.0  # a pending checkpoint or a hold: a week is beyond any use
+MAX_DAMAGED_LISTED = 20  # STATUS names this many damaged records; the count says how many
+# What a client can make the server keep: pending checkpoints (a coordinator has one or a few;
+# each is a record) and restores' holds (one per restore under way, in memory, with its
+# checkpoint's keys) are bounded; past the bound, BUSY (they expire, so a retry succeeds).
+MAX_PENDING = 1_000  # per pipeline
+MAX_HOLDS = 10_000  # a restore per task: a pipeline of thousands of partitions restores at once
+# Requests of one pipeline that write take turns under its lock: one of this many, chosen by
+# the pipeline's name, so that names a client makes up cost no memory.
+LOCK_STRIPES = 64
+
+# Fault injection for tests/test_checkpoints_crash.py, off unless the variable is set: the
+# server SIGKILLs itself when its Nth completion (``point:N``) reaches the named point. A
+# SIGKILL from outside lands in these windows (microseconds each) only by chance.
+_CRASH_AT = os.environ.get("BLOBSVC_CHECKPOINTS_CRASH_AT", "")
+_completions = [0]
+
+
+def _crash_point(point: str) -> None:
+    if _CRASH_AT and f"{point}:{_completions[0]}" == _CRASH_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CheckpointServer(Protocol):
+    """What the checkpoints need of the server: its storage and HA, reading and deleting blobs."""
+
+    @property
+    def storage(self) -> BlobStorage: ...
+
+    @property
+    def ha(self) -> HighAvailability: ...
+
+    async def open_blob(self, target: ContentKey | JobBlob) -> OpenBlob: ...
+
+    async def delete_blob(self, target: JobBlob) -> None: ...
+
+
+class Checkpoints:
+    """Every pipeline's checkpoints on one server; :meth:`handle` answers a CHECKPOINTS request."""
+
+    def __init__(self, server: CheckpointServer) -> None:
+        self.server = server
+        self._records: CheckpointRecords | None = None
+        self._stripes = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
+        self._holds: dict[str, dict[str, tuple[float, int, frozenset[bytes]]]] = {}  # → token → (deadline, id, keys)
+        # The state keys of metadata read before, by (pipeline, id, metadata key): a blob's
+        # content never changes under its key, so what it references never does either.
+        self._keys: dict[tuple[str, int, str], frozenset[bytes]] = {}
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.damaged: dict[tuple[str, int], str] = {}
+        self.last_completed: tuple[str, int, float] | None = None
+        self._discarding: dict[str, asyncio.Task[None]] = {}
+
+    def _lock(self, pipeline: str) -> asyncio.Lock:
+        return self._stripes[hash(pipeline) % LOCK_STRIPES]
+
+    def start(self) -> None:
+        self._records = self.server.ha.checkpoint_records(self.server.storage)
+
+    @property
+    def records(self) -> CheckpointRecords:
+        assert self._records is not None, "start() first"
+        return self._records
+
+    async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        action = request.get("action")
+        try:
+            pipeline = check_pipeline(request.get("pipeline"))
+        except InvalidArgument as exc:
+            raise BadRequest(str(exc)) from None
+        self._expire_holds(pipeline)
+        match action:
+            case "register":
+                return await self._register(pipeline)
+            case "trigger":  # under the lock: a registration cannot slip between its check and its id
+                async with self._lock(pipeline):
+                    return await self._trigger(pipeline, _integer(request, "epoch"), _seconds(request, "timeout"))
+            case "complete":
+                async with self._lock(pipeline):
+                    return await self._complete(pipeline, request)
+            case "abort":
+                return await self._abort(pipeline, _integer(request, "id"))
+            case "list":
+                return await self._list(pipeline)
+            case "delete":
+                return await self._delete(pipeline, _integer(request, "id"))
+            case "hold":
+                return await self._hold(pipeline, _integer(request, "id"), _seconds(request, "seconds"))
+            case "release":
+                return await self._release(pipeline, request.get("token"))
+        raise BadRequest(f"unknown checkpoints action {action!r}")
+
+    # --- actions ------------------------------------------------------------------------------
+
+    async def _register(self, pipeline: str) -> dict[str, Any]:
+        async with self._lock(pipeline):
+            epoch = await self._records_call(self.records.register, pipeline)
+            # The older coordinators' pending checkpoints can never complete now.
+            pending = await self._records_call(self.records.pending, pipeline)
+            older = [i for i, entry in pending.items() if entry.get("epoch") != epoch]
+            await self._records_call(self.records.remove_pending, pipeline, older)
+            self.counts["aborted"] += len(older)
+        log.info("pipeline %s: coordinator epoch %d registered", pipeline, epoch)
+        return {"epoch": epoch}
+
+    async def _trigger(self, pipeline: str, epoch: int, timeout: float) -> dict[str, Any]:
+        await self._check_writer(pipeline, epoch)  # before an id goes to a replaced coordinator
+        if len(await self._live_pending(pipeline)) >= MAX_PENDING:
+            raise Busy(f"{MAX_PENDING} checkpoints of {pipeline} are pending: wait for some to end")
+        checkpoint_id = await self._records_call(self.records.next_id, pipeline)
+        # FENCED here too, in one step with the write, if a registration came between.
+        await self._records_call(self.records.add_pending, pipeline, epoch, checkpoint_id, time.time() + timeout)
+        return {"id": checkpoint_id}
+
+    async def _check_writer(self, pipeline: str, epoch: int) -> None:
+        current = await self._records_call(self.records.writer, pipeline)
+        if epoch != current:
+            raise Fenced(f"pipeline {pipeline}: coordinator epoch {epoch} was replaced by epoch {current}")
+
+    async def _complete(self, pipeline: str, request: dict[str, Any]) -> dict[str, Any]:
+        epoch, checkpoint_id = _integer(request, "epoch"), _integer(request, "id")
+        _completions[0] += 1
+        retain = _integer(request, "retain", 1, MAX_RETAIN)
+        key = request.get("metadata")
+        if not isinstance(key, str) or len(key) != 64:
+            raise BadRequest("complete names its metadata blob's key: 64 hex characters")
+        metadata, size = await self._read_metadata(pipeline, checkpoint_id, key)
+        if metadata.checkpoint_id != checkpoint_id or metadata.pipeline != pipeline:
+            raise BadRequest(f"the metadata is checkpoint {metadata.checkpoint_id} of {metadata.pipeline}")
+        try:
+            await self._check_state(pipeline, metadata)
+        except (NotFound, DigestMismatch):
+            # A replaced coordinator's state is discarded once the new one completes: say why.
+            await self._check_writer(pipeline, epoch)
+            raise
+        record = {
+            "id": checkpoint_id,
+            "timestamp": metadata.timestamp,
+            "savepoint": metadata.savepoint,
+            "metadata": key,
+            "metadata_size": size,
+            "epoch": epoch,
+        }
+        _crash_point("before-record")
+        await self._records_call(self.records.add, pipeline, epoch, record)  # FENCED when replaced
+        _crash_point("after-record")
+        await self._records_call(self.records.remove_pending, pipeline, [checkpoint_id])
+        self.counts["completed"] += 1
+        self.counts["bytes_sent"] += metadata.bytes_sent
+        self.counts["bytes_reused"] += metadata.size - metadata.bytes_sent
+        self.last_completed = (pipeline, checkpoint_id, time.time())
+        subsumed = await self._subsume(pipeline, epoch, retain)
+        _crash_point("after-subsume")
+        self._discard_later(pipeline)
+        return {"record": record, "subsumed": subsumed}
+
+    def _discard_later(self, pipeline: str) -> None:
+        """Discard after the answer, as Flink discards subsumed checkpoints in the background:
+        the completion is durable and visible already, and deleting names costs a directory
+        fsync each (a fencing check each, in zookeeper mode). It takes the pipeline's lock once
+        the completion lets it go; ``list`` waits for it (:meth:`_settle`)."""
+
+        async def discard() -> None:
+            async with self._lock(pipeline):
+                await self._discard(pipeline)
+
+        task = asyncio.create_task(discard())
+        self._discarding[pipeline] = task
+        task.add_done_callback(lambda done: self._discarded(pipeline, done))
+
+    def _discarded(self, pipeline: str, task: asyncio.Task[None]) -> None:
+        if self._discarding.get(pipeline) is task:
+            del self._discarding[pipeline]
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("pipeline %s: discarding failed: %s", pipeline, task.exception())
+
+    async def _settle(self, pipeline: str) -> None:
+        """Wait for the pipeline's discard in progress, if any (its failure is logged)."""
+        task = self._discarding.get(pipeline)
+        if task is not None:
+            await asyncio.wait([task])
+
+    async def stop(self) -> None:
+        """Cancel the discards in progress (the next completion's discard does their work)."""
+        tasks = list(self._discarding.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _subsume(self, pipeline: str, epoch: int, retain: int) -> list[int]:
+        """Remove the oldest checkpoints beyond ``retain`` (savepoints never), as the writer."""
+        records = await self._records_call(self.records.records, pipeline)
+        regular = [record["id"] for record in records if not record.get("savepoint")]
+        subsumed = []
+        for checkpoint_id in regular[: max(0, len(regular) - retain)]:
+            try:
+                await self._records_call(self.records.remove, pipeline, epoch, checkpoint_id)
+            except NotFound:  # an operator deleted it meanwhile
+                continue
+            subsumed.append(checkpoint_id)
+            self.counts["subsumed"] += 1
+        if subsumed:
+            log.info("pipeline %s: subsumed checkpoints %s", pipeline, subsumed)
+        return subsumed
+
+    async def _abort(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
+        async with self._lock(pipeline):
+            if checkpoint_id in await self._records_call(self.records.pending, pipeline):
+                await self._records_call(self.records.remove_pending, pipeline, [checkpoint_id])
+                self.counts["aborted"] += 1
+            discarded = await self._discard(pipeline)
+        return {"discarded": discarded}
+
+    async def _list(self, pipeline: str) -> dict[str, Any]:
+        await self._settle(pipeline)  # what a list shows is what stays
+        records = await self._records_call(self.records.records, pipeline)
+        for record in records:
+            if "problem" not in record:
+                try:
+                    await self._read_metadata(pipeline, record["id"], record["metadata"])
+                except (NotFound, DigestMismatch, BadRequest) as exc:
+                    record["problem"] = str(exc)
+            if "problem" in record:
+                self._report_damaged(pipeline, record)
+            else:
+                self.damaged.pop((pipeline, record["id"]), None)
+        return {
+            "checkpoints": records,
+            "epoch": await self._records_call(self.records.writer, pipeline),
+            "pending": sorted(await self._live_pending(pipeline)),
+        }
+
+    async def _delete(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
+        async with self._lock(pipeline):
+            await self._records_call(self.records.remove, pipeline, None, checkpoint_id)
+            self.damaged.pop((pipeline, checkpoint_id), None)
+            log.info("pipeline %s: checkpoint %d deleted", pipeline, checkpoint_id)
+            discarded = await self._discard(pipeline)
+        return {"discarded": discarded}
+
+    async def _hold(self, pipeline: str, checkpoint_id: int, seconds: float) -> dict[str, Any]:
+        async with self._lock(pipeline):
+            records = await self._records_call(self.records.records, pipeline)
+            record = next((r for r in records if r["id"] == checkpoint_id), None)
+            if record is None or "problem" in record:
+                raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id} to restore")
+            if sum(map(len, self._holds.values())) >= MAX_HOLDS:
+                raise Busy(f"{MAX_HOLDS} restores hold checkpoints on this server: wait for some to end")
+            keys = await self._record_keys(pipeline, record)
+            token = secrets.token_hex(16)
+            self._holds.setdefault(pipeline, {})[token] = (time.monotonic() + seconds, checkpoint_id, keys)
+        return {"token": token}
+
+    async def _release(self, pipeline: str, token: object) -> dict[str, Any]:
+        async with self._lock(pipeline):
+            if isinstance(token, str) and self._holds.get(pipeline, {}).pop(token, None) is not None:
+                return {"discarded": await self._discard(pipeline)}
+        return {"discarded": 0}
+
+    async def _records_call(self, work: Callable[..., _T], *args: Any) -> _T:
+        """A call of the records in a worker thread. Their store failing is one line, logged at
+        WARNING: a disk error is INTERNAL_ERROR; ZooKeeper unreachable or the session lost is
+        NOT_LEADER, so that the client finds the leader again and retries."""
+        try:
+            return await asyncio.to_thread(work, *args)
+        except BlobError:
+            raise
+        except Exception as exc:
+            cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+            log.warning("checkpoint records: %s failed: %s", work.__name__, cause)
+            if isinstance(exc, OSError):
+                raise InternalError(f"the checkpoint records could not be read or written: {cause}") from None
+            raise NotLeader(f"this server could not reach ZooKeeper for the checkpoint records: {cause}") from None
+
+    # --- the rules ----------------------------------------------------------------------------
+
+    async def _read_metadata(self, pipeline: str, checkpoint_id: int, key: str) -> tuple[Metadata, int]:
+        """The metadata blob ``meta/<id>``, its bytes checked against ``key`` (rule 1)."""
+        target = JobBlob(pipeline_job(pipeline), metadata_name(checkpoint_id))
+        try:
+            blob = await self.server.open_blob(target)
+        except NotFound:
+            raise NotFound(f"checkpoint {checkpoint_id}'s metadata blob is missing") from None
+        with blob:
+            if blob.size > MAX_METADATA_BYTES:
+                raise BadRequest(f"checkpoint {checkpoint_id}'s metadata is over {MAX_METADATA_BYTES} bytes")
+            raw = await asyncio.to_thread(os.pread, blob.fd, blob.size, 0)
+        if blake3.blake3(raw).hexdigest() != key or len(raw) != blob.size:
+            raise DigestMismatch(
+                f"checkpoint {checkpoint_id}'s metadata blob is damaged: its bytes do not hash to {key}"
+            )
+        try:
+            metadata = parse_metadata(raw)
+        except InvalidArgument as exc:
+            raise BadRequest(f"checkpoint {checkpoint_id}'s metadata: {exc}") from None
+        self._keys[(pipeline, checkpoint_id, key)] = frozenset(metadata.keys())
+        return metadata, len(raw)
+
+    async def _check_state(self, pipeline: str, metadata: Metadata) -> None:
+        job = pipeline_job(pipeline)
+        entries = [(task, entry) for task, handle in metadata.tasks.items() for entry in handle.files]
+        # Every name stat-ed in one worker thread: a thread hop per file would cost more than the stat.
+        local = await asyncio.to_thread(
+            self._stat_all, [JobBlob(job, state_name(bytes.fromhex(e.key))) for _, e in entries]
+        )
+        for (task, entry), found in zip(entries, local, strict=True):
+            if found is not None:
+                size, digest = found
+            else:  # a new leader that has not fetched it yet
+                try:
+                    with await self.server.open_blob(JobBlob(job, state_name(bytes.fromhex(entry.key)))) as blob:
+                        size, digest = blob.size, blob.digest
+                except NotFound:
+                    raise NotFound(
+                        f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
+                        "is not on the server (discarded meanwhile?): not completed"
+                    ) from None
+            if digest.hex() != entry.key or size != entry.size:
+                raise DigestMismatch(
+                    f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
+                    "does not hold what its handle says: not completed"
+                )
+
+    def _stat_all(self, targets: list[JobBlob]) -> list[tuple[int, bytes] | None]:
+        """Size and digest of each name on the local disk, None where it has none."""
+        found: list[tuple[int, bytes] | None] = []
+        for target in targets:
+            try:
+                found.append(self.server.storage.stat(target))
+            except NotFound:
+                found.append(None)
+        return found
+
+    async def _record_keys(self, pipeline: str, record: Record) -> frozenset[bytes]:
+        cached = self._keys.get((pipeline, record["id"], record["metadata"]))
+        if cached is not None:
+            return cached
+        await self._read_metadata(pipeline, record["id"], record["metadata"])
+        return self._keys[(pipeline, record["id"], record["metadata"])]
+
+    def _report_damaged(self, pipeline: str, record: Record) -> None:
+        if (pipeline, record["id"]) not in self.damaged:
+            log.warning("pipeline %s: checkpoint %d cannot be restored: %s", pipeline, record["id"], record["problem"])
+        self.damaged[(pipeline, record["id"])] = record["problem"]
+
+    async def _discard(self, pipeline: str) -> int:
+        """Delete the pipeline's state and metadata names nothing references (rule 4); the
+        caller holds the pipeline's lock. Returns how many names went."""
+        if await self._live_pending(pipeline):
+            return 0
+        records = await self._records_call(self.records.records, pipeline)
+        referenced: set[bytes] = set()
+        keep_ids = {record["id"] for record in records}
+        for record in records:
+            try:
+                if "problem" in record:
+                    raise BadRequest(record["problem"])
+                referenced |= await self._record_keys(pipeline, record)
+            except (NotFound, DigestMismatch, BadRequest) as exc:
+                record.setdefault("problem", str(exc))
+                self._report_damaged(pipeline, record)
+                return 0
+        for _, held_id, keys in self._holds.get(pipeline, {}).values():
+            referenced |= keys
+            keep_ids.add(held_id)
+        job = pipeline_job(pipeline)
+        local = await asyncio.to_thread(self.server.storage.list_job, job)
+        names = {entry.name for entry in local} | set(await self.server.ha.names(job))
+        discarded = 0
+        for name in sorted(names):
+            key, checkpoint_id = state_key(name), metadata_id(name)
+            unreferenced = key is not None and key not in referenced
+            if unreferenced or (checkpoint_id is not None and checkpoint_id not in keep_ids):
+                try:
+                    await self.server.delete_blob(JobBlob(job, name))
+                    _crash_point("mid-discard")
+                except BlobError as exc:  # NOT_LEADER mid-way: the next discard finishes
+                    log.warning("pipeline %s: could not discard %s: %s", pipeline, name, exc)
+                    break
+                discarded += 1
+        self._keys = {k: v for k, v in self._keys.items() if k[0] != pipeline or k[1] in keep_ids}
+        if discarded:
+            self.counts["discarded"] += discarded
+            log.info("pipeline %s: discarded %d blobs no checkpoint references", pipeline, discarded)
+        return discarded
+
+    async def _live_pending(self, pipeline: str) -> dict[int, Record]:
+        """The pipeline's pending checkpoints; those past their deadline are aborted here."""
+        pending = await self._records_call(self.records.pending, pipeline)
+        now = time.time()
+        expired = [checkpoint_id for checkpoint_id, entry in pending.items() if entry["deadline"] < now]
+        if expired:
+            await self._records_call(self.records.remove_pending, pipeline, expired)
+            self.counts["aborted"] += len(expired)
+            log.info("pipeline %s: checkpoints %s timed out", pipeline, expired)
+        return {checkpoint_id: entry for checkpoint_id, entry in pending.items() if checkpoint_id not in expired}
+
+    def _expire_holds(self, pipeline: str) -> None:
+        now = time.monotonic()
+        holds = self._holds.get(pipeline, {})
+        for token in [t for t, (deadline, _, _) in holds.items() if deadline < now]:
+            del holds[token]
+
+    def status(self) -> dict[str, Any]:
+        """For STATUS and the metrics, counted since this server started: reads only."""
+        last = self.last_completed
+        return {
+            "checkpoints_completed": self.counts["completed"],
+            "checkpoints_aborted": self.counts["aborted"],
+            "checkpoints_subsumed": self.counts["subsumed"],
+            "checkpoints_discarded_blobs": self.counts["discarded"],
+            "checkpoints_state_bytes_sent": self.counts["bytes_sent"],
+            "checkpoints_state_bytes_reused": self.counts["bytes_reused"],
+            "checkpoints_last_completed": None if last is None else f"{last[0]}/{last[1]}",
+            "checkpoints_last_completed_id": None if last is None else last[1],
+            "checkpoints_last_completed_age_seconds": None if last is None else round(time.time() - last[2], 3),
+            "checkpoints_damaged": len(self.damaged),
+            "checkpoints_damaged_records": [
+                f"{pipeline}/{checkpoint_id}: {problem}"
+                for (pipeline, checkpoint_id), problem in list(self.damaged.items())[:MAX_DAMAGED_LISTED]
+            ],
+        }
+
+
+def _integer(request: dict[str, Any], field: str, low: int = 0, high: int = (1 << 63) - 1) -> int:
+    value = request.get(field)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadRequest(f"a checkpoints request's {field!r} is an integer from {low} to {high}, not {value!r}")
+    return value
+
+
+def _seconds(request: dict[str, Any], field: str) -> float:
+    value = request.get(field)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= MAX_TIMEOUT:
+        raise BadRequest(f"a checkpoints request's {field!r} is a number of seconds up to {MAX_TIMEOUT:g}")
+    return float(value)

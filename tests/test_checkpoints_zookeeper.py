@@ -1,0 +1,202 @@
+"""Checkpoints in recovery mode zookeeper, against a real ZooKeeper and ``blobsvc serve``
+children: records written by the fenced leader, failover during completion, an id counter
+that never goes back, and a replaced coordinator (a separate process, SIGSTOPped) refused."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from benchmarks.harness.zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
+from blobsvc import BlobClient
+from blobsvc._exceptions import NotLeader
+from blobsvc.checkpoints import CheckpointStore, Fenced
+from blobsvc.ha.checkpoints import ZooKeeperCheckpointRecords
+from blobsvc.ha.discovery import ZkPaths
+
+pytestmark = pytest.mark.timeout(180)
+
+zookeeper = pytest.fixture(scope="module")(running_zookeeper)
+servers = pytest.fixture(started_servers)
+
+
+def _client(url: str) -> BlobClient:
+    return BlobClient(url, timeout=10.0, connect_timeout=20.0, retries=6, backoff=0.1)
+
+
+@pytest.fixture
+def kazoo(zookeeper: ZooKeeper) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=zookeeper.hosts, timeout=10)
+    client.start(timeout=30)
+    yield client
+    client.stop()
+    client.close()
+
+
+def test_records_are_written_only_under_the_leaders_epoch_and_fence_a_replaced_writer(
+    kazoo: KazooClient,
+) -> None:
+    paths = ZkPaths("records")
+    kazoo.ensure_path(paths.epoch)
+    token = kazoo.exists(paths.epoch).version
+    current: list[int | None] = [token]
+    records = ZooKeeperCheckpointRecords(kazoo, paths, lambda: current[0])
+    old = records.register("p")
+    first = records.next_id("p")
+    record = {"id": first, "timestamp": 1.0, "savepoint": False, "metadata": "0" * 64}
+    records.add("p", old, record)
+    records.add("p", old, record)  # again: a retried complete is a no-op
+    records.add_pending("p", old, 7, 123.5)
+    assert records.pending("p") == {7: {"epoch": old, "deadline": 123.5}}
+    new = records.register("p")
+    with pytest.raises(Fenced):
+        records.add("p", old, {**record, "id": records.next_id("p")})
+    with pytest.raises(Fenced):
+        records.add_pending("p", old, 8, 123.5)  # a replaced coordinator triggers nothing
+    records.remove_pending("p", [7, 8])  # what is not there is skipped
+    assert records.pending("p") == {}
+    with pytest.raises(Fenced):
+        records.remove("p", old, first)
+    kazoo.set(paths.epoch, b"another leader")  # a newer leader's bump
+    with pytest.raises(NotLeader):
+        records.add("p", new, {**record, "id": 99})
+    with pytest.raises(NotLeader):
+        records.next_id("p")
+    current[0] = token + 1
+    assert records.next_id("p") > first + 1  # the counter never goes back
+    assert [r["id"] for r in records.records("p")] == [first]
+
+
+def test_failover_during_completion_leaves_it_completed_or_absent_and_the_ids_going_up(
+    zookeeper: ZooKeeper, servers: list[HaServer], tmp_path: Path
+) -> None:
+    url = f"zk://{zookeeper.hosts}/ckfail"
+    ha_dir = tmp_path / "ha"
+    servers.append(HaServer(zookeeper.hosts, ha_dir, tmp_path / "a", cluster_id="ckfail"))
+    first = servers[0]
+    assert wait_for_leader(url) == first.address
+    servers.append(HaServer(zookeeper.hosts, ha_dir, tmp_path / "b", cluster_id="ckfail"))
+    store = CheckpointStore(_client(url), "pipe", retain=2, timeout=60)
+    states = {}
+    for batch in range(2):
+        with store.begin(tasks=["0"], properties={"batch": batch}) as pending:
+            pending.acknowledge("0", store.snapshot("0", b"state %d" % batch))
+        states[pending.id] = b"state %d" % batch
+    before = max(states)
+
+    outcome: list[object] = []
+    pending = store.begin(tasks=["0"], properties={"batch": 2})
+    pending.acknowledge("0", store.snapshot("0", b"state 2"))
+
+    def complete() -> None:
+        try:
+            outcome.append(pending.complete())
+        except Exception as exc:
+            outcome.append(exc)
+
+    completing = threading.Thread(target=complete)
+    completing.start()
+    first.kill()  # SIGKILL while the completion is in flight
+    completing.join(60)
+    assert outcome, "the completion never returned"
+    assert wait_for_leader(url, avoid=first.address) == servers[1].address
+    completed = {c.id: c for c in store.list()}
+    if pending.id in completed:
+        states[pending.id] = b"state 2"
+    assert set(completed) == set(sorted(states)[-2:]) or set(completed) == set(states)
+    for checkpoint_id, checkpoint in completed.items():
+        assert checkpoint.restore("0", tmp_path / f"r{checkpoint_id}").read_bytes() == states[checkpoint_id]
+    with store.begin(tasks=["0"]) as after:
+        after.acknowledge("0", store.snapshot("0", b"after"))
+    assert after.id > max(before, pending.id)  # the counter survived the failover
+    latest = store.latest()
+    assert latest is not None and latest.id == after.id
+    store.close()
+
+
+COORDINATOR = """
+import sys, time
+from blobsvc import BlobClient
+from blobsvc.checkpoints import CheckpointStore, Fenced
+store = CheckpointStore(BlobClient(sys.argv[1], timeout=10.0, connect_timeout=20.0), "pipe", timeout=120)
+pending = store.begin(tasks=["0"])
+pending.acknowledge("0", store.snapshot("0", b"zombie state"))
+print("acknowledged", pending.id, flush=True)
+time.sleep(1.0)  # SIGSTOPped here
+try:
+    pending.complete()
+except Fenced as exc:
+    print("fenced:", exc, flush=True)
+    sys.exit(3)
+print("completed", flush=True)
+"""
+
+
+def test_a_sigstopped_coordinator_resumed_after_a_newer_one_completed_is_refused(
+    zookeeper: ZooKeeper, servers: list[HaServer], tmp_path: Path
+) -> None:
+    url = f"zk://{zookeeper.hosts}/ckstop"
+    servers.append(HaServer(zookeeper.hosts, tmp_path / "ha", tmp_path / "a", cluster_id="ckstop"))
+    wait_for_leader(url)
+    zombie = subprocess.Popen(
+        [sys.executable, "-c", COORDINATOR, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert zombie.stdout is not None
+        line = zombie.stdout.readline()
+        assert line.startswith("acknowledged"), line + (zombie.stderr.read() if zombie.stderr else "")
+        zombie.send_signal(signal.SIGSTOP)
+        with CheckpointStore(_client(url), "pipe") as store:
+            with store.begin(tasks=["0"]) as pending:  # the restarted driver takes over at once
+                pending.acknowledge("0", store.snapshot("0", b"new state"))
+            zombie.send_signal(signal.SIGCONT)
+            out, err = zombie.communicate(timeout=60)
+            assert zombie.returncode == 3, out + err
+            assert "fenced:" in out and "replaced" in out
+            time.sleep(0.1)
+            assert [c.id for c in store.list()] == [pending.id]
+            latest = store.latest()
+            assert latest is not None
+            assert latest.restore("0", tmp_path / "r").read_bytes() == b"new state"
+    finally:
+        if zombie.poll() is None:
+            zombie.send_signal(signal.SIGCONT)
+            zombie.kill()
+        zombie.wait(10)
+
+
+@pytest.mark.parametrize("point", ["before-record", "after-record", "after-subsume"])
+def test_a_leader_killed_at_each_point_of_a_completion_hands_it_to_the_next_leader(
+    zookeeper: ZooKeeper, servers: list[HaServer], tmp_path: Path, point: str
+) -> None:
+    """The leader SIGKILLs itself at ``point`` of its second completion (the fault-injection
+    variable: those windows last microseconds); the client's retry goes to the new leader,
+    which completes it (again: adding an existing record is a no-op) from the HA store."""
+    cluster = f"ckpoint{point.replace('-', '')}"
+    url = f"zk://{zookeeper.hosts}/{cluster}"
+    ha_dir = tmp_path / "ha"
+    env = {"BLOBSVC_CHECKPOINTS_CRASH_AT": f"{point}:2"}
+    servers.append(HaServer(zookeeper.hosts, ha_dir, tmp_path / "a", cluster_id=cluster, env=env))
+    assert wait_for_leader(url) == servers[0].address
+    servers.append(HaServer(zookeeper.hosts, ha_dir, tmp_path / "b", cluster_id=cluster))
+    with CheckpointStore(_client(url), "pipe", retain=1) as store:
+        with store.begin(tasks=["0"]) as first:
+            first.acknowledge("0", store.snapshot("0", b"first"))
+        with store.begin(tasks=["0"]) as second:  # the leader dies completing it
+            second.acknowledge("0", store.snapshot("0", b"second"))
+        assert servers[0].process.wait(30) == -signal.SIGKILL
+        assert wait_for_leader(url) == servers[1].address
+        assert [c.id for c in store.list()] == [second.id]
+        latest = store.latest()
+        assert latest is not None and latest.restore("0", tmp_path / "r").read_bytes() == b"second"
+        with store.begin(tasks=["0"]) as third:
+            third.acknowledge("0", store.snapshot("0", b"third"))
+        assert third.id > second.id and [c.id for c in store.list()] == [third.id]
