@@ -153,3 +153,10 @@ def test_a_driver_killed_mid_checkpoint_resumes_from_the_latest_and_ends_as_if_n
     assert sent == observer.state_bytes - received_before
     assert sent + reused == sum(checkpoint.size for checkpoint in retained)
     assert reused > 2 * sent  # 5 of the 7 segments in the two checkpoints were there already
+
+
+def test_the_pages_spark_recipe_is_the_example_that_runs_here() -> None:
+    from tests.test_docs_examples import ROOT, the_block
+
+    recipe = the_block(ROOT / "docs" / "checkpoints.md", "python", "def batch_step(")
+    assert recipe in EXAMPLE.read_text()
