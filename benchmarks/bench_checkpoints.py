@@ -20,7 +20,9 @@ other on the same state, the order turning from checkpoint to checkpoint:
   previous checkpoint: what pipelines do by hand today;
 * ``s3``: the same to moto's S3 server on 127.0.0.1, through s3fs.
 
-Per way and checkpoint: the seconds from trigger to completed, the bytes changed since the
+Between two ways, ``os.sync()`` (outside every clock) writes back what the last one left in
+the page cache: the copies by hand do not fsync, and their dirty pages would otherwise slow the
+next way's fsyncs. Per way and checkpoint: the seconds from trigger to completed, the bytes changed since the
 last checkpoint, the bytes the tasks sent (by the handles, and the server's
 ``blobsvc_received_bytes`` on its /metrics), and for blobsvc two latencies from the last
 acknowledgement: to the checkpoint being *visible* (another client, listing the completed
@@ -355,6 +357,7 @@ def main() -> None:
                 }
                 emit(record)
                 records.append(record)
+                os.sync()  # a way's dirty pages must not slow the next one's fsyncs
         restore = restore_rates(stores["standalone"], servers["standalone"].address, work, 3)
         emit(restore)
     emit({"summary": summarize(records, restore)})

@@ -129,6 +129,9 @@ class TaskCheckpoints:
     """The checkpoint :meth:`restore` reads: its id and its metadata blob's key."""
     hold_seconds: float = DEFAULT_HOLD_SECONDS
 
+    def __post_init__(self) -> None:
+        check_pipeline(self.pipeline)
+
     def snapshot(self, task: int | str, source: StateSource) -> TaskHandle:
         """Store ``task``'s state (a directory, a file, or bytes; files unchanged since an
         earlier checkpoint send no bytes) and return the handle for the driver to acknowledge."""
@@ -147,7 +150,6 @@ class TaskCheckpoints:
     def _store(self, *, cached: bool) -> CheckpointStore:
         """This process's store of the pipeline; with ``cached``, the pipeline's files in the
         host's cache are held for the running task."""
-        check_pipeline(self.pipeline)
         cache = hold(self.options, pipeline_job(self.pipeline).hex()) if cached else None
         client = _client(self.options)
         return CheckpointStore(client, self.pipeline, hold_seconds=self.hold_seconds, cache=cache)
