@@ -514,18 +514,22 @@ class AsyncBlobClient:
         *,
         job: JobLike | None = None,
         name: str | None = None,
+        key: KeyLike | None = None,
         timeout: float | None = None,
         progress: Progress | None = None,
     ) -> str:
         """Upload ``source`` (bytes, a file path, or a binary stream) and return its key.
 
         Without ``job`` the blob is content-addressed; with ``job`` and ``name`` it is stored
-        under that name, replacing an earlier blob of the name atomically.
+        under that name, replacing an earlier blob of the name atomically. A ``key`` known
+        already (bytes or a file the caller hashed) is sent as the digest rather than hash
+        them again; bytes that do not hash to it raise :class:`DigestMismatch` and store nothing.
         """
         if (job is None) != (name is None):
             raise InvalidArgument("a job-scoped blob needs both job and name")
         target = JobBlob(job_bytes(job), name) if job is not None and name is not None else None
-        return await self._upload(source, target, timeout, progress)
+        digest = key_bytes(key) if key is not None else None
+        return await self._upload(source, target, timeout, progress, digest=digest)
 
     async def _upload(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ import blake3
 import pytest
 
 from blobsvc import BlobClient
-from blobsvc._exceptions import BadRequest, DigestMismatch, InvalidArgument, NotFound
+from blobsvc._exceptions import BadRequest, Busy, DigestMismatch, InvalidArgument, NotFound
 from blobsvc.cache import BlobCache
 from blobsvc.checkpoints import (
     CheckpointAborted,
@@ -29,6 +30,7 @@ from blobsvc.checkpoints import (
     TaskHandle,
 )
 from blobsvc.config import Settings
+from blobsvc.storage._layout import Layout
 from blobsvc.wire._checkpoints import metadata_name, pipeline_job, state_name
 from tests.conftest import ServerThread
 
@@ -52,6 +54,8 @@ def read_tree(root: Path) -> dict[str, bytes]:
 
 
 def names(client: BlobClient, pipeline: str = "pipe") -> set[str]:
+    """The pipeline's blobs, once the discard a completion started is done (``list`` waits for it)."""
+    client.checkpoints({"action": "list", "pipeline": pipeline})
     return {info.name or "" for info in client.list(pipeline_job(pipeline))}
 
 
@@ -256,8 +260,9 @@ def test_a_checkpoint_whose_state_went_missing_is_not_completed(store: Checkpoin
     assert pending.state.value == "aborted" and store.latest() is None
 
 
-def test_damaged_metadata_is_reported_and_latest_falls_back(
-    store: CheckpointStore, server_thread: ServerThread, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("damage", ["damaged", "missing"])
+def test_damaged_or_missing_metadata_is_reported_and_latest_falls_back(
+    store: CheckpointStore, server_thread: ServerThread, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
     ids = []
     for data in (b"first", b"second"):
@@ -266,16 +271,49 @@ def test_damaged_metadata_is_reported_and_latest_falls_back(
         ids.append(pending.id)
     layout = server_thread.server.storage.layout
     metadata = layout.job_blob(pipeline_job("pipe"), metadata_name(ids[1]))
-    metadata.write_bytes(metadata.read_bytes().replace(b'"format":1', b'"format":2'))  # bit rot
+    if damage == "damaged":  # bit rot that leaves valid metadata: only its key tells
+        metadata.write_bytes(metadata.read_bytes().replace(b'"savepoint":false', b'"savepoint":true'))
+    else:
+        store.client.delete(job=pipeline_job("pipe"), name=metadata_name(ids[1]))
     with caplog.at_level(logging.WARNING, "blobsvc.checkpoints"):
         latest = store.latest()
     assert latest is not None and latest.id == ids[0]
     assert f"falling back to checkpoint {ids[0]}" in caplog.text
     status = store.client.status()
     assert status["checkpoints_damaged"] == 1 and str(ids[1]) in status["checkpoints_damaged_records"][0]
-    assert "damaged" in store.records()[1]["problem"]
+    assert damage in store.records()[1]["problem"]
     with pytest.raises(CheckpointError, match="cannot be restored"):
         store.get(ids[1])
+    aborted = store.begin(tasks=["0"])
+    aborted.acknowledge("0", store.snapshot("0", b"orphan"))
+    aborted.abort("on purpose")  # what the damaged one references was read intact: its state stays
+    names = {info.name for info in store.client.list(pipeline_job("pipe"))}
+    assert state_name(blake3.blake3(b"second").digest()) in names
+    assert state_name(blake3.blake3(b"orphan").digest()) not in names
+
+
+def test_nothing_is_discarded_while_a_retained_checkpoints_references_are_unknown(
+    settings: Settings, tmp_path: Path
+) -> None:
+    running = ServerThread(settings).start()
+    with CheckpointStore(running.address, "pipe", retain=2) as store:
+        for data in (b"first", b"second"):
+            with store.begin(tasks=["0"]) as pending:
+                pending.acknowledge("0", store.snapshot("0", data))
+    running.stop()
+    metadata = Layout(settings.data_dir).job_blob(pipeline_job("pipe"), metadata_name(pending.id))
+    metadata.write_bytes(metadata.read_bytes().replace(b'"format":1', b'"format":2'))  # rot while it was down
+    running = ServerThread(settings).start()  # a new server: it never read that metadata intact
+    try:
+        with CheckpointStore(running.address, "pipe", retain=2) as store:
+            aborted = store.begin(tasks=["0"])
+            aborted.acknowledge("0", store.snapshot("0", b"orphan"))
+            aborted.abort("on purpose")  # its discard keeps everything
+            names = {info.name for info in store.client.list(pipeline_job("pipe"))}
+            assert state_name(blake3.blake3(b"orphan").digest()) in names
+            assert running.server.status()["checkpoints_damaged"] == 1
+    finally:
+        running.stop()
 
 
 def test_a_restore_holds_its_checkpoint_state(store: CheckpointStore, tmp_path: Path) -> None:
@@ -473,3 +511,100 @@ def test_the_pages_examples_run_as_written(server_thread: ServerThread, tmp_path
         latest = store.latest()
         assert latest is not None and latest.properties == {"batch": 13}  # 7, then 8 to 10, then 11 to 13
         assert [c.properties["batch"] for c in store.list()] == [12, 13]
+
+
+def test_a_record_is_fsynced_before_its_rename_and_its_directory_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from blobsvc.ha.checkpoints import FileCheckpointRecords
+    from tests.test_durability import CallLog
+
+    records = FileCheckpointRecords(tmp_path)
+    epoch = records.register("p")
+    log = CallLog(tmp_path)
+    for name, path_args in (("fsync", 1), ("replace", 2)):
+        monkeypatch.setattr(os, name, log.wrap(name, getattr(os, name), path_args))
+    records.add("p", epoch, {"id": 1, "timestamp": 1.0, "savepoint": False, "metadata": "0" * 64})
+    final = "p/completed/00000000000000000001"
+    renamed = log.index("replace", lambda paths: paths[1] == final)
+    temporary = log.calls[renamed].paths[0]
+    synced = log.index("fsync", lambda paths: paths == (temporary,))
+    directory_synced = log.index("fsync", lambda paths: paths == ("p/completed",))
+    assert synced < renamed < directory_synced, log.calls
+
+
+def test_discarded_state_frees_the_servers_disk(server_thread: ServerThread, tmp_path: Path) -> None:
+    storage = server_thread.server.storage
+    with CheckpointStore(server_thread.address, "pipe", retain=1) as store:
+        for generation in range(3):
+            state = write_tree(tmp_path / f"s{generation}", {f"f{i}": os.urandom(100_000) for i in range(3)})
+            with store.begin(tasks=["0"]) as pending:
+                pending.acknowledge("0", store.snapshot("0", state))
+            metadata_size = store.records()[0]["metadata_size"]
+            assert storage.usage() == (3 + 1, 300_000 + metadata_size)  # the retained checkpoint's, nothing else
+
+
+def test_holds_and_pending_checkpoints_are_bounded(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch, server_thread: ServerThread
+) -> None:
+    import blobsvc.server.checkpoints as records
+
+    monkeypatch.setattr(records, "MAX_HOLDS", 2)
+    monkeypatch.setattr(records, "MAX_PENDING", 1)
+    with store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", b"x"))
+    request = {"action": "hold", "pipeline": "pipe", "id": pending.id, "seconds": 60}
+    with BlobClient(server_thread.address, retries=0) as client:
+        tokens = [client.checkpoints(request)["token"] for _ in range(2)]
+        with pytest.raises(Busy, match="2 restores hold"):
+            client.checkpoints(request)
+    with BlobClient(server_thread.address, retries=0) as client:
+        client.checkpoints({"action": "release", "pipeline": "pipe", "token": tokens[0]})
+        client.checkpoints(request)  # room again
+    store.begin(tasks=["0"])
+    epoch = store.coordinator.epoch
+    with BlobClient(server_thread.address, retries=0) as client, pytest.raises(Busy, match="1 checkpoints are pending"):
+        client.checkpoints({"action": "trigger", "pipeline": "pipe", "epoch": epoch, "timeout": 60})
+
+
+def test_a_task_restores_from_the_handle_its_driver_sent(store: CheckpointStore, tmp_path: Path) -> None:
+    with store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", write_tree(tmp_path / "s", {"a": b"1", "b/c": b"2"})))
+    latest = store.latest()
+    assert latest is not None
+    shipped = pickle.dumps((latest.id, latest.tasks["0"]))  # what the driver sends the task
+    checkpoint_id, handle = pickle.loads(shipped)
+    with CheckpointStore(store.client.server, "pipe") as on_the_executor:
+        restored = on_the_executor.restore(checkpoint_id, handle, tmp_path / "r")
+        assert read_tree(restored) == {"a": b"1", "b/c": b"2"}
+        with pytest.raises(NotFound):  # a checkpoint that is not there is not held
+            on_the_executor.restore(checkpoint_id + 1, handle.to_json(), tmp_path / "r2")
+    assert not (tmp_path / "r2").exists()
+
+
+def test_retention_never_deletes_state_a_checkpoint_references(settings: Settings, tmp_path: Path) -> None:
+    aggressive = replace(settings, content_ttl=0.001, max_store_bytes=1, retention_grace=0.0)
+    running = ServerThread(aggressive).start()
+    try:
+        with CheckpointStore(running.address, "pipe", retain=2) as store:
+            for data in (b"first" * 1000, b"second" * 1000):
+                with store.begin(tasks=["0"]) as pending:
+                    pending.acknowledge("0", store.snapshot("0", data))
+            store.client.put(b"unreferenced content" * 1000)  # what retention may take
+            for stored in (settings.data_dir / "objects").iterdir():  # every blob unread for an hour
+                os.utime(stored, (time.time() - 3600, stored.stat().st_mtime))
+            swept = asyncio.run_coroutine_threadsafe(running.server.retention.sweep(), running.loop).result(30)
+            assert [candidate.size for candidate in swept] == [len(b"unreferenced content" * 1000)]
+            for checkpoint, data in zip(store.list(), (b"first" * 1000, b"second" * 1000), strict=True):
+                assert checkpoint.restore("0", tmp_path / str(checkpoint.id)).read_bytes() == data
+    finally:
+        running.stop()
+
+
+def test_a_trigger_waits_out_the_minimum_pause_after_a_completion(server_thread: ServerThread) -> None:
+    with CheckpointStore(server_thread.address, "pipe", min_pause=0.3) as store:
+        with store.begin(tasks=["0"]) as pending:
+            pending.acknowledge("0", store.snapshot("0", b"x"))
+        completed = time.monotonic()
+        store.begin(tasks=["0"]).abort("only the wait mattered")
+        assert time.monotonic() - completed >= 0.3

@@ -31,11 +31,26 @@ from ..client import BlobClient
 from ..wire._checkpoints import Metadata, TaskHandle, metadata_name, parse_metadata, pipeline_job
 from ._restore import restore
 
-__all__ = ["DEFAULT_HOLD_SECONDS", "CompletedCheckpoint", "load_checkpoint"]
+__all__ = ["DEFAULT_HOLD_SECONDS", "CompletedCheckpoint", "holding", "load_checkpoint"]
 
 log = logging.getLogger("blobsvc.checkpoints")
 
 DEFAULT_HOLD_SECONDS = 3600.0
+
+
+@contextlib.contextmanager
+def holding(client: BlobClient, pipeline: str, checkpoint_id: int, seconds: float) -> Iterator[None]:
+    """Keep completed checkpoint ``checkpoint_id``'s state on the server for the block (at most
+    ``seconds``), even if it is subsumed or deleted meanwhile: a restore under way."""
+    request = {"action": "hold", "pipeline": pipeline, "id": checkpoint_id, "seconds": seconds}
+    token = client.checkpoints(request)["token"]
+    try:
+        yield
+    finally:
+        try:
+            client.checkpoints({"action": "release", "pipeline": pipeline, "token": token})
+        except BlobError as exc:  # the hold expires by itself
+            log.warning("pipeline %s: could not release the hold on checkpoint %d: %s", pipeline, checkpoint_id, exc)
 
 
 class _Hold:
@@ -44,20 +59,16 @@ class _Hold:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.users = 0
-        self.token = ""
+        self.held = contextlib.ExitStack()
 
 
 @dataclass(frozen=True)
 class CompletedCheckpoint:
     """A completed checkpoint of ``pipeline``: ``id``, ``timestamp`` (trigger time, Unix
-    seconds), ``savepoint``, ``properties`` and ``tasks`` (task → :class:`TaskHandle`)."""
+    seconds), ``savepoint``, ``properties`` and ``tasks`` (task → :class:`TaskHandle`), from
+    its ``metadata``, the blob whose key is ``metadata_key``."""
 
-    pipeline: str
-    id: int
-    timestamp: float
-    savepoint: bool
-    properties: Mapping[str, Any]
-    tasks: Mapping[str, TaskHandle]
+    metadata: Metadata
     metadata_key: str
     _client: BlobClient = field(repr=False, compare=False)
     _cache: BlobCache | None = field(default=None, repr=False, compare=False)
@@ -65,9 +76,33 @@ class CompletedCheckpoint:
     _hold: _Hold = field(default_factory=lambda: _Hold(), repr=False, compare=False)
 
     @property
+    def pipeline(self) -> str:
+        return self.metadata.pipeline
+
+    @property
+    def id(self) -> int:
+        return self.metadata.checkpoint_id
+
+    @property
+    def timestamp(self) -> float:
+        return self.metadata.timestamp
+
+    @property
+    def savepoint(self) -> bool:
+        return self.metadata.savepoint
+
+    @property
+    def properties(self) -> Mapping[str, Any]:
+        return self.metadata.properties
+
+    @property
+    def tasks(self) -> Mapping[str, TaskHandle]:
+        return self.metadata.tasks
+
+    @property
     def size(self) -> int:
         """Bytes of state, every task's together."""
-        return sum(handle.size for handle in self.tasks.values())
+        return self.metadata.size
 
     def restore(self, task: str, dest: str | os.PathLike[str], *, writable: bool = False) -> Path:
         """Write ``task``'s state at ``dest`` (a directory for a directory's state, else a
@@ -86,8 +121,7 @@ class CompletedCheckpoint:
         hold = self._hold
         with hold.lock:
             if hold.users == 0:
-                request = {"action": "hold", "pipeline": self.pipeline, "id": self.id, "seconds": self.hold_seconds}
-                hold.token = self._client.checkpoints(request)["token"]
+                hold.held.enter_context(holding(self._client, self.pipeline, self.id, self.hold_seconds))
             hold.users += 1
         try:
             yield
@@ -95,13 +129,7 @@ class CompletedCheckpoint:
             with hold.lock:
                 hold.users -= 1
                 if hold.users == 0:
-                    self._release(hold.token)
-
-    def _release(self, token: str) -> None:
-        try:
-            self._client.checkpoints({"action": "release", "pipeline": self.pipeline, "token": token})
-        except BlobError as exc:  # the hold expires by itself
-            log.warning("pipeline %s: could not release the hold on checkpoint %d: %s", self.pipeline, self.id, exc)
+                    hold.held.close()
 
     def to_json(self) -> dict[str, Any]:
         """The checkpoint as JSON: what ``blobsvc checkpoints show --json`` prints."""
@@ -130,18 +158,7 @@ def load_checkpoint(
         raw = client.get(job=pipeline_job(pipeline), name=metadata_name(checkpoint_id))
         if blake3.blake3(raw).hexdigest() != key:
             raise CheckpointError(f"its metadata blob does not hash to {key}")
-        metadata: Metadata = parse_metadata(raw)
+        metadata = parse_metadata(raw)
     except (BlobError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {checkpoint_id} of {pipeline} cannot be restored: {exc}") from exc
-    return CompletedCheckpoint(
-        pipeline,
-        metadata.checkpoint_id,
-        metadata.timestamp,
-        metadata.savepoint,
-        metadata.properties,
-        metadata.tasks,
-        str(key),
-        client,
-        cache,
-        hold_seconds,
-    )
+    return CompletedCheckpoint(metadata, str(key), client, cache, hold_seconds)

@@ -44,6 +44,8 @@ __all__ = ["CheckpointCoordinator", "CheckpointOptions"]
 
 log = logging.getLogger("blobsvc.checkpoints")
 
+MAX_TIMEOUT = 7 * 86400.0  # the server's bound too: a week is beyond any checkpoint or restore
+
 
 @dataclass(frozen=True)
 class CheckpointOptions:
@@ -56,7 +58,7 @@ class CheckpointOptions:
     """How long a restore keeps its checkpoint's state from being discarded, at most."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.timeout <= 7 * 86400 or not 0 < self.hold_seconds <= 7 * 86400:
+        if not 0 < self.timeout <= MAX_TIMEOUT or not 0 < self.hold_seconds <= MAX_TIMEOUT:
             raise InvalidArgument("timeout and hold_seconds are seconds, more than 0 and at most a week")
         if self.max_concurrent < 1 or self.min_pause < 0 or not 1 <= self.retain <= 10_000:
             raise InvalidArgument("max_concurrent is at least 1, min_pause at least 0, retain from 1 to 10,000")
@@ -81,13 +83,22 @@ class CheckpointCoordinator:
         self._lock = threading.Lock()
 
     def trigger(
-        self, tasks: Iterable[str], properties: Mapping[str, Any] | None = None, *, savepoint: bool = False
+        self,
+        tasks: Iterable[str],
+        properties: Mapping[str, Any] | None = None,
+        *,
+        savepoint: bool = False,
+        timeout: float | None = None,
     ) -> PendingCheckpoint:
-        """A new pending checkpoint (a fresh id from the server's counter) awaiting ``tasks``."""
+        """A new pending checkpoint (a fresh id from the server's counter) awaiting ``tasks``,
+        aborted after ``timeout`` seconds (the options' by default)."""
         self.failures.check()
         expected = tuple(check_task(task) for task in tasks)
         if not expected or len(set(expected)) != len(expected):
             raise InvalidArgument("a checkpoint awaits one or more distinct tasks")
+        timeout = self.options.timeout if timeout is None else timeout
+        if not 0 < timeout <= MAX_TIMEOUT:
+            raise InvalidArgument(f"a checkpoint's timeout is more than 0 and at most {MAX_TIMEOUT:g} seconds")
         properties = dict(properties or {})
         try:
             json.dumps(properties)
@@ -103,7 +114,7 @@ class CheckpointCoordinator:
                     f"at most {self.options.max_concurrent} at once"
                 )
             reply = self.client.checkpoints(
-                {"action": "trigger", "pipeline": self.pipeline, "epoch": self.epoch, "timeout": self.options.timeout}
+                {"action": "trigger", "pipeline": self.pipeline, "epoch": self.epoch, "timeout": timeout}
             )
             pending = PendingCheckpoint(
                 self,
@@ -112,7 +123,7 @@ class CheckpointCoordinator:
                 expected,
                 properties,
                 savepoint=savepoint,
-                timeout=self.options.timeout,
+                timeout=timeout,
             )
             self._pending.add(pending)
         return pending

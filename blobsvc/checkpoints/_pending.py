@@ -104,7 +104,7 @@ class PendingCheckpoint:
             if handle.task != task:
                 raise InvalidArgument(f"task {task!r} acknowledged with task {handle.task!r}'s handle")
             earlier = self.acknowledged.get(task)
-            if earlier is not None and earlier != handle:
+            if earlier is not None and not earlier.same_state(handle):
                 raise InvalidArgument(f"task {task!r} already acknowledged checkpoint {self.id} with other state")
             self.acknowledged[task] = handle
 

@@ -1,10 +1,12 @@
 """Snapshot: a task's state (a directory, a file or bytes) stored as content blobs.
 
 Each file is hashed here and LINKed as ``state/<key>`` of the pipeline's job; only when the
-server lacks the content are its bytes sent (then linked). A file unchanged since an earlier
-checkpoint therefore costs a hash and a LINK, 0 bytes sent: checkpoints are incremental
-without tracking what changed. The handle returned lists every file with its key and size,
-and whether its bytes were sent (the server's ``checkpoints_state_bytes_sent``).
+server lacks the content are its bytes sent, PUT straight under that name (no
+content-addressed copy outlives it: once the name is discarded, the server frees the bytes).
+A file unchanged since an earlier checkpoint therefore costs a hash and a LINK, 0 bytes
+sent: checkpoints are incremental without tracking what changed. The handle returned lists
+every file with its key and size, and whether its bytes were sent (the server's
+``checkpoints_state_bytes_sent``).
 
 Symbolic links, devices and sockets in a directory are refused (a restore could not make
 them faithfully, and a link could lead out of the state); empty directories are not kept.
@@ -43,14 +45,7 @@ def snapshot(client: BlobClient, pipeline: str, task: str, source: StateSource) 
     if isinstance(source, bytes | bytearray | memoryview):
         data = bytes(source)
         key = blake3.blake3(data).digest()
-        name = state_name(key)
-        try:
-            client.link(key, job=job, name=name)
-            sent = False
-        except NotFound:
-            client.put(data, job=job, name=name)
-            sent = True
-        return TaskHandle(task, "bytes", (FileEntry("", len(data), key.hex(), sent),))
+        return TaskHandle(task, "bytes", (FileEntry("", len(data), key.hex(), _store(client, job, key, data)),))
     path = Path(source)
     info = _lstat(path)
     if stat.S_ISREG(info.st_mode):
@@ -86,6 +81,18 @@ def _files_under(root: Path) -> list[str]:
 
 
 def _store_file(client: BlobClient, job: bytes, path: Path, relative: str) -> FileEntry:
+    size = path.stat().st_size
     key = hash_file(path)
-    info, sent = client.put_file(path, job=job, name=state_name(key), key=key)
-    return FileEntry(relative, info.size, key.hex(), sent)
+    return FileEntry(relative, size, key.hex(), _store(client, job, key, path))
+
+
+def _store(client: BlobClient, job: bytes, key: bytes, source: bytes | Path) -> bool:
+    """``source`` as ``state/<key>``: LINKed when the server holds the content, else PUT
+    (its bytes checked against ``key`` by the server). Whether its bytes were sent."""
+    name = state_name(key)
+    try:
+        client.link(key, job=job, name=name)
+        return False
+    except NotFound:
+        client.put(source, job=job, name=name, key=key)
+        return True

@@ -15,7 +15,9 @@ previous one.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -23,9 +25,10 @@ from .._exceptions import CheckpointError, NotFound
 from ..cache import BlobCache
 from ..client import BlobClient
 from ..wire._checkpoints import TaskHandle, check_pipeline
-from ._completed import DEFAULT_HOLD_SECONDS, CompletedCheckpoint, load_checkpoint
+from ._completed import DEFAULT_HOLD_SECONDS, CompletedCheckpoint, holding, load_checkpoint
 from ._coordinator import CheckpointCoordinator, CheckpointOptions
 from ._pending import PendingCheckpoint
+from ._restore import restore
 from ._snapshot import StateSource, snapshot
 
 __all__ = ["CheckpointStore"]
@@ -70,12 +73,18 @@ class CheckpointStore:
         return self._coordinator
 
     def begin(
-        self, tasks: Iterable[str], properties: Mapping[str, Any] | None = None, *, savepoint: bool = False
+        self,
+        tasks: Iterable[str],
+        properties: Mapping[str, Any] | None = None,
+        *,
+        savepoint: bool = False,
+        timeout: float | None = None,
     ) -> PendingCheckpoint:
         """Trigger a checkpoint awaiting ``tasks``: a :class:`PendingCheckpoint` with a fresh id.
         Use it as a context manager: leaving the block completes it (every task acknowledged)
-        or aborts it (an exception, a task missing). A savepoint is never subsumed."""
-        return self.coordinator.trigger(tasks, properties, savepoint=savepoint)
+        or aborts it (an exception, a task missing). A savepoint is never subsumed; ``timeout``
+        overrides the store's for this checkpoint."""
+        return self.coordinator.trigger(tasks, properties, savepoint=savepoint, timeout=timeout)
 
     def snapshot(self, task: str, source: StateSource) -> TaskHandle:
         """Store ``task``'s state (a directory, a file, or bytes) and return its handle, for
@@ -131,6 +140,24 @@ class CheckpointStore:
             if record["id"] == checkpoint_id:
                 return self.load(record)
         raise NotFound(f"pipeline {self.pipeline} has no completed checkpoint {checkpoint_id}")
+
+    def restore(
+        self,
+        checkpoint_id: int,
+        handle: TaskHandle | Mapping[str, Any],
+        dest: str | os.PathLike[str],
+        *,
+        writable: bool = False,
+    ) -> Path:
+        """Write the state ``handle`` names (a task's, in completed checkpoint
+        ``checkpoint_id``) at ``dest``, verified, as :meth:`CompletedCheckpoint.restore` does:
+        what a task does with the handle its driver sent it (a handle pickles; a
+        :class:`CompletedCheckpoint` holds a client and stays with the driver). The checkpoint
+        is held on the server meanwhile."""
+        if not isinstance(handle, TaskHandle):
+            handle = TaskHandle.from_json(dict(handle))
+        with holding(self.client, self.pipeline, checkpoint_id, self.options.hold_seconds):
+            return restore(self.pipeline, handle, dest, client=self.client, cache=self.cache, writable=writable)
 
     def delete(self, checkpoint_id: int) -> None:
         """Delete a completed checkpoint (a savepoint too); its state goes unless another

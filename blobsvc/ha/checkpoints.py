@@ -91,9 +91,6 @@ class CheckpointRecords(Protocol):
     def records(self, pipeline: str) -> list[Record]:
         """The completed checkpoints' records, by id."""
 
-    def pipelines(self) -> list[str]:
-        """Every pipeline with records."""
-
 
 class FileCheckpointRecords:
     """Standalone: small fsynced files under ``root`` (the data directory's ``checkpoints/``)."""
@@ -110,22 +107,22 @@ class FileCheckpointRecords:
         except FileNotFoundError:
             return 0
 
-    def register(self, pipeline: str) -> int:
-        check_pipeline(pipeline)
+    def _bump(self, pipeline: str, name: str) -> int:
+        """The number in ``<pipeline>/<name>`` plus one, durable before it is returned."""
+        path = f"{check_pipeline(pipeline)}/{name}"
         with self._lock:
-            epoch = self._read_int(f"{pipeline}/writer") + 1
-            self._files.write_bytes(f"{pipeline}/writer", str(epoch).encode())
-            return epoch
+            number = self._read_int(path) + 1
+            self._files.write_bytes(path, str(number).encode())
+            return number
+
+    def register(self, pipeline: str) -> int:
+        return self._bump(pipeline, "writer")
 
     def writer(self, pipeline: str) -> int:
         return self._read_int(f"{check_pipeline(pipeline)}/writer")
 
     def next_id(self, pipeline: str) -> int:
-        check_pipeline(pipeline)
-        with self._lock:
-            checkpoint_id = self._read_int(f"{pipeline}/counter") + 1
-            self._files.write_bytes(f"{pipeline}/counter", str(checkpoint_id).encode())
-            return checkpoint_id
+        return self._bump(pipeline, "counter")
 
     def _check_writer(self, pipeline: str, epoch: int) -> None:
         current = self._read_int(f"{pipeline}/writer")
@@ -162,9 +159,6 @@ class FileCheckpointRecords:
                     continue
                 found.append(_parse_record(int(name), raw))
         return found
-
-    def pipelines(self) -> list[str]:
-        return sorted(self._files.listdir(""))
 
 
 class ZooKeeperCheckpointRecords:
@@ -283,11 +277,3 @@ class ZooKeeperCheckpointRecords:
                     continue
                 found.append(_parse_record(int(name), data))
         return found
-
-    def pipelines(self) -> list[str]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            return sorted(self.client.get_children(f"{self.paths.root}/checkpoints"))
-        except NoNodeError:
-            return []

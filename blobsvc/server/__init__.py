@@ -301,6 +301,7 @@ class BlobServer:
             self._sweeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeping
+        await self.checkpoints.stop()  # before stepping down too: no discard outlives leadership
         # Step down first: clients move on to the next leader while we finish.
         await self.ha.stop()
         for accepting in self._accepting:

@@ -21,8 +21,10 @@ the server keeps them; the records themselves are the recovery mode's
    registration also forgets the pending checkpoints of every older one.
 4. **Discard only what nothing references.** A state name goes when no retained checkpoint's
    metadata and no restore's hold references its content, and never while a checkpoint of the
-   pipeline is pending on this server (its tasks may just have linked it). When any retained
-   record or metadata cannot be read, nothing is discarded: its references are unknown.
+   pipeline is pending on this server (its tasks may just have linked it). When a retained
+   checkpoint's references are unknown (its record or metadata cannot be read, and this server
+   never read that metadata intact), nothing is discarded. After a completion, discarding runs
+   in the background, after the answer; ``list`` waits for it.
 5. **Never silently fall back.** A record whose metadata blob is missing or damaged is logged
    at WARNING once, counted (``checkpoints_damaged``) and named in STATUS; ``list`` marks it
    with a ``problem`` so that a restore takes the previous one, saying so.
@@ -39,12 +41,24 @@ import collections
 import logging
 import os
 import secrets
+import signal
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import blake3
 
-from .._exceptions import BadRequest, BlobError, DigestMismatch, Fenced, InvalidArgument, NotFound
+from .._exceptions import (
+    BadRequest,
+    BlobError,
+    Busy,
+    DigestMismatch,
+    Fenced,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    NotLeader,
+)
 from ..wire._checkpoints import (
     MAX_METADATA_BYTES,
     Metadata,
@@ -66,10 +80,31 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointServer", "Checkpoints"]
 
 log = logging.getLogger("blobsvc.checkpoints")
+_T = TypeVar("_T")
 
 MAX_RETAIN = 10_000
 MAX_TIMEOUT = 7 * 86400.0  # a pending checkpoint or a hold: a week is beyond any use
 MAX_DAMAGED_LISTED = 20  # STATUS names this many damaged records; the count says how many
+# What a client can make the server hold in memory: pending checkpoints (a coordinator has
+# one or a few) and restores' holds (one per restore under way) are a few hundred bytes each
+# and a hold keeps its checkpoint's keys, so both are bounded; past the bound, BUSY (they
+# expire, so a retry succeeds).
+MAX_PENDING = 10_000
+MAX_HOLDS = 1_000
+# Requests of one pipeline that write take turns under its lock: one of this many, chosen by
+# the pipeline's name, so that names a client makes up cost no memory.
+LOCK_STRIPES = 64
+
+# Fault injection for tests/test_checkpoints_crash.py, off unless the variable is set: the
+# server SIGKILLs itself when its Nth completion (``point:N``) reaches the named point. A
+# SIGKILL from outside lands in these windows (microseconds each) only by chance.
+_CRASH_AT = os.environ.get("BLOBSVC_CHECKPOINTS_CRASH_AT", "")
+_completions = [0]
+
+
+def _crash_point(point: str) -> None:
+    if _CRASH_AT and f"{point}:{_completions[0]}" == _CRASH_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class CheckpointServer(Protocol):
@@ -92,7 +127,7 @@ class Checkpoints:
     def __init__(self, server: CheckpointServer) -> None:
         self.server = server
         self._records: CheckpointRecords | None = None
-        self._locks: collections.defaultdict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        self._stripes = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
         self._pending: dict[str, dict[int, float]] = {}  # pipeline → id → deadline (monotonic)
         self._holds: dict[str, dict[str, tuple[float, int, frozenset[bytes]]]] = {}  # → token → (deadline, id, keys)
         # The state keys of metadata read before, by (pipeline, id, metadata key): a blob's
@@ -101,6 +136,10 @@ class Checkpoints:
         self.counts: collections.Counter[str] = collections.Counter()
         self.damaged: dict[tuple[str, int], str] = {}
         self.last_completed: tuple[str, int, float] | None = None
+        self._discarding: dict[str, asyncio.Task[None]] = {}
+
+    def _lock(self, pipeline: str) -> asyncio.Lock:
+        return self._stripes[hash(pipeline) % LOCK_STRIPES]
 
     def start(self) -> None:
         self._records = self.server.ha.checkpoint_records(self.server.storage)
@@ -120,10 +159,11 @@ class Checkpoints:
         match action:
             case "register":
                 return await self._register(pipeline)
-            case "trigger":
-                return await self._trigger(pipeline, _integer(request, "epoch"), _seconds(request, "timeout"))
+            case "trigger":  # under the lock: a registration cannot slip between its check and its id
+                async with self._lock(pipeline):
+                    return await self._trigger(pipeline, _integer(request, "epoch"), _seconds(request, "timeout"))
             case "complete":
-                async with self._locks[pipeline]:
+                async with self._lock(pipeline):
                     return await self._complete(pipeline, request)
             case "abort":
                 return await self._abort(pipeline, _integer(request, "id"))
@@ -140,8 +180,8 @@ class Checkpoints:
     # --- actions ------------------------------------------------------------------------------
 
     async def _register(self, pipeline: str) -> dict[str, Any]:
-        async with self._locks[pipeline]:
-            epoch = await asyncio.to_thread(self.records.register, pipeline)
+        async with self._lock(pipeline):
+            epoch = await self._records_call(self.records.register, pipeline)
             # The older coordinators' pending checkpoints can never complete now.
             self.counts["aborted"] += len(self._pending.pop(pipeline, {}))
         log.info("pipeline %s: coordinator epoch %d registered", pipeline, epoch)
@@ -149,17 +189,20 @@ class Checkpoints:
 
     async def _trigger(self, pipeline: str, epoch: int, timeout: float) -> dict[str, Any]:
         await self._check_writer(pipeline, epoch)
-        checkpoint_id = await asyncio.to_thread(self.records.next_id, pipeline)
+        if sum(map(len, self._pending.values())) >= MAX_PENDING:
+            raise Busy(f"{MAX_PENDING} checkpoints are pending on this server: wait for some to end")
+        checkpoint_id = await self._records_call(self.records.next_id, pipeline)
         self._pending.setdefault(pipeline, {})[checkpoint_id] = time.monotonic() + timeout
         return {"id": checkpoint_id}
 
     async def _check_writer(self, pipeline: str, epoch: int) -> None:
-        current = await asyncio.to_thread(self.records.writer, pipeline)
+        current = await self._records_call(self.records.writer, pipeline)
         if epoch != current:
             raise Fenced(f"pipeline {pipeline}: coordinator epoch {epoch} was replaced by epoch {current}")
 
     async def _complete(self, pipeline: str, request: dict[str, Any]) -> dict[str, Any]:
         epoch, checkpoint_id = _integer(request, "epoch"), _integer(request, "id")
+        _completions[0] += 1
         retain = _integer(request, "retain", 1, MAX_RETAIN)
         key = request.get("metadata")
         if not isinstance(key, str) or len(key) != 64:
@@ -181,24 +224,61 @@ class Checkpoints:
             "metadata_size": size,
             "epoch": epoch,
         }
-        await asyncio.to_thread(self.records.add, pipeline, epoch, record)  # FENCED when replaced
+        _crash_point("before-record")
+        await self._records_call(self.records.add, pipeline, epoch, record)  # FENCED when replaced
+        _crash_point("after-record")
         self._pending.get(pipeline, {}).pop(checkpoint_id, None)
         self.counts["completed"] += 1
         self.counts["bytes_sent"] += metadata.bytes_sent
         self.counts["bytes_reused"] += metadata.size - metadata.bytes_sent
         self.last_completed = (pipeline, checkpoint_id, time.time())
         subsumed = await self._subsume(pipeline, epoch, retain)
-        discarded = await self._discard(pipeline)
-        return {"record": record, "subsumed": subsumed, "discarded": discarded}
+        _crash_point("after-subsume")
+        self._discard_later(pipeline)
+        return {"record": record, "subsumed": subsumed}
+
+    def _discard_later(self, pipeline: str) -> None:
+        """Discard after the answer, as Flink discards subsumed checkpoints in the background:
+        the completion is durable and visible already, and deleting names costs a directory
+        fsync each (a fencing check each, in zookeeper mode). It takes the pipeline's lock once
+        the completion lets it go; ``list`` waits for it (:meth:`_settle`)."""
+
+        async def discard() -> None:
+            async with self._lock(pipeline):
+                await self._discard(pipeline)
+
+        task = asyncio.create_task(discard())
+        self._discarding[pipeline] = task
+        task.add_done_callback(lambda done: self._discarded(pipeline, done))
+
+    def _discarded(self, pipeline: str, task: asyncio.Task[None]) -> None:
+        if self._discarding.get(pipeline) is task:
+            del self._discarding[pipeline]
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("pipeline %s: discarding failed: %s", pipeline, task.exception())
+
+    async def _settle(self, pipeline: str) -> None:
+        """Wait for the pipeline's discard in progress, if any (its failure is logged)."""
+        task = self._discarding.get(pipeline)
+        if task is not None:
+            await asyncio.wait([task])
+
+    async def stop(self) -> None:
+        """Cancel the discards in progress (the next completion's discard does their work)."""
+        tasks = list(self._discarding.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
 
     async def _subsume(self, pipeline: str, epoch: int, retain: int) -> list[int]:
         """Remove the oldest checkpoints beyond ``retain`` (savepoints never), as the writer."""
-        records = await asyncio.to_thread(self.records.records, pipeline)
+        records = await self._records_call(self.records.records, pipeline)
         regular = [record["id"] for record in records if not record.get("savepoint")]
         subsumed = []
         for checkpoint_id in regular[: max(0, len(regular) - retain)]:
             try:
-                await asyncio.to_thread(self.records.remove, pipeline, epoch, checkpoint_id)
+                await self._records_call(self.records.remove, pipeline, epoch, checkpoint_id)
             except NotFound:  # an operator deleted it meanwhile
                 continue
             subsumed.append(checkpoint_id)
@@ -208,14 +288,15 @@ class Checkpoints:
         return subsumed
 
     async def _abort(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
-        async with self._locks[pipeline]:
+        async with self._lock(pipeline):
             if self._pending.get(pipeline, {}).pop(checkpoint_id, None) is not None:
                 self.counts["aborted"] += 1
             discarded = await self._discard(pipeline)
         return {"discarded": discarded}
 
     async def _list(self, pipeline: str) -> dict[str, Any]:
-        records = await asyncio.to_thread(self.records.records, pipeline)
+        await self._settle(pipeline)  # what a list shows is what stays
+        records = await self._records_call(self.records.records, pipeline)
         for record in records:
             if "problem" not in record:
                 try:
@@ -228,34 +309,51 @@ class Checkpoints:
                 self.damaged.pop((pipeline, record["id"]), None)
         return {
             "checkpoints": records,
-            "epoch": await asyncio.to_thread(self.records.writer, pipeline),
+            "epoch": await self._records_call(self.records.writer, pipeline),
             "pending": sorted(self._pending.get(pipeline, {})),
         }
 
     async def _delete(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
-        async with self._locks[pipeline]:
-            await asyncio.to_thread(self.records.remove, pipeline, None, checkpoint_id)
+        async with self._lock(pipeline):
+            await self._records_call(self.records.remove, pipeline, None, checkpoint_id)
             self.damaged.pop((pipeline, checkpoint_id), None)
             log.info("pipeline %s: checkpoint %d deleted", pipeline, checkpoint_id)
             discarded = await self._discard(pipeline)
         return {"discarded": discarded}
 
     async def _hold(self, pipeline: str, checkpoint_id: int, seconds: float) -> dict[str, Any]:
-        async with self._locks[pipeline]:
-            records = await asyncio.to_thread(self.records.records, pipeline)
+        async with self._lock(pipeline):
+            records = await self._records_call(self.records.records, pipeline)
             record = next((r for r in records if r["id"] == checkpoint_id), None)
             if record is None or "problem" in record:
                 raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id} to restore")
+            if sum(map(len, self._holds.values())) >= MAX_HOLDS:
+                raise Busy(f"{MAX_HOLDS} restores hold checkpoints on this server: wait for some to end")
             keys = await self._record_keys(pipeline, record)
             token = secrets.token_hex(16)
             self._holds.setdefault(pipeline, {})[token] = (time.monotonic() + seconds, checkpoint_id, keys)
         return {"token": token}
 
     async def _release(self, pipeline: str, token: object) -> dict[str, Any]:
-        async with self._locks[pipeline]:
+        async with self._lock(pipeline):
             if isinstance(token, str) and self._holds.get(pipeline, {}).pop(token, None) is not None:
                 return {"discarded": await self._discard(pipeline)}
         return {"discarded": 0}
+
+    async def _records_call(self, work: Callable[..., _T], *args: Any) -> _T:
+        """A call of the records in a worker thread. Their store failing is one line, logged at
+        WARNING: a disk error is INTERNAL_ERROR; ZooKeeper unreachable or the session lost is
+        NOT_LEADER, so that the client finds the leader again and retries."""
+        try:
+            return await asyncio.to_thread(work, *args)
+        except BlobError:
+            raise
+        except Exception as exc:
+            cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+            log.warning("checkpoint records: %s failed: %s", work.__name__, cause)
+            if isinstance(exc, OSError):
+                raise InternalError(f"the checkpoint records could not be read or written: {cause}") from None
+            raise NotLeader(f"this server could not reach ZooKeeper for the checkpoint records: {cause}") from None
 
     # --- the rules ----------------------------------------------------------------------------
 
@@ -283,25 +381,38 @@ class Checkpoints:
 
     async def _check_state(self, pipeline: str, metadata: Metadata) -> None:
         job = pipeline_job(pipeline)
-        for task, handle in metadata.tasks.items():
-            for entry in handle.files:
-                target = JobBlob(job, state_name(bytes.fromhex(entry.key)))
+        entries = [(task, entry) for task, handle in metadata.tasks.items() for entry in handle.files]
+        # Every name stat-ed in one worker thread: a thread hop per file would cost more than the stat.
+        local = await asyncio.to_thread(
+            self._stat_all, [JobBlob(job, state_name(bytes.fromhex(e.key))) for _, e in entries]
+        )
+        for (task, entry), found in zip(entries, local, strict=True):
+            if found is not None:
+                size, digest = found
+            else:  # a new leader that has not fetched it yet
                 try:
-                    size, digest = await asyncio.to_thread(self.server.storage.stat, target)
-                except NotFound:  # a new leader that has not fetched it yet
-                    try:
-                        with await self.server.open_blob(target) as blob:
-                            size, digest = blob.size, blob.digest
-                    except NotFound:
-                        raise NotFound(
-                            f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
-                            "is not on the server (discarded meanwhile?): not completed"
-                        ) from None
-                if digest.hex() != entry.key or size != entry.size:
-                    raise DigestMismatch(
+                    with await self.server.open_blob(JobBlob(job, state_name(bytes.fromhex(entry.key)))) as blob:
+                        size, digest = blob.size, blob.digest
+                except NotFound:
+                    raise NotFound(
                         f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
-                        "does not hold what its handle says: not completed"
-                    )
+                        "is not on the server (discarded meanwhile?): not completed"
+                    ) from None
+            if digest.hex() != entry.key or size != entry.size:
+                raise DigestMismatch(
+                    f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
+                    "does not hold what its handle says: not completed"
+                )
+
+    def _stat_all(self, targets: list[JobBlob]) -> list[tuple[int, bytes] | None]:
+        """Size and digest of each name on the local disk, None where it has none."""
+        found: list[tuple[int, bytes] | None] = []
+        for target in targets:
+            try:
+                found.append(self.server.storage.stat(target))
+            except NotFound:
+                found.append(None)
+        return found
 
     async def _record_keys(self, pipeline: str, record: Record) -> frozenset[bytes]:
         cached = self._keys.get((pipeline, record["id"], record["metadata"]))
@@ -320,7 +431,7 @@ class Checkpoints:
         caller holds the pipeline's lock. Returns how many names went."""
         if self._pending.get(pipeline):
             return 0
-        records = await asyncio.to_thread(self.records.records, pipeline)
+        records = await self._records_call(self.records.records, pipeline)
         referenced: set[bytes] = set()
         keep_ids = {record["id"] for record in records}
         for record in records:
@@ -345,6 +456,7 @@ class Checkpoints:
             if unreferenced or (checkpoint_id is not None and checkpoint_id not in keep_ids):
                 try:
                     await self.server.delete_blob(JobBlob(job, name))
+                    _crash_point("mid-discard")
                 except BlobError as exc:  # NOT_LEADER mid-way: the next discard finishes
                     log.warning("pipeline %s: could not discard %s: %s", pipeline, name, exc)
                     break

@@ -140,6 +140,10 @@ class TaskHandle:
     def bytes_sent(self) -> int:
         return sum(entry.size for entry in self.files if entry.sent)
 
+    def same_state(self, other: TaskHandle) -> bool:
+        """Whether ``other`` names the same state (whichever snapshot sent the bytes)."""
+        return (self.task, self.kind, _contents(self.files)) == (other.task, other.kind, _contents(other.files))
+
     def to_json(self) -> dict[str, Any]:
         return {"task": self.task, "kind": self.kind, "files": [entry.to_json() for entry in self.files]}
 
@@ -164,6 +168,10 @@ class TaskHandle:
                 raise InvalidArgument(f"task {task}: a directory handle's paths are distinct and not empty")
             _check_no_nesting(task, paths)
         return cls(task, kind, files)
+
+
+def _contents(files: tuple[FileEntry, ...]) -> list[tuple[str, int, str]]:
+    return [(entry.path, entry.size, entry.key) for entry in files]
 
 
 def _file_entry(task: str, raw: object) -> FileEntry:
