@@ -52,8 +52,8 @@ def load_example() -> Any:
 @dataclass
 class KillAtUpload:
     """A server observer: SIGKILLs ``pid`` when the first state file of the ``checkpoint``-th
-    trigger has been received; counts the state bytes the server received (a snapshot sends a
-    file's bytes content-addressed, then names it with a LINK)."""
+    trigger has been received; counts the state bytes the server received (a snapshot PUTs a
+    file's bytes as ``state/<key>``, or by content alone and then LINKs that name)."""
 
     checkpoint: int
     pid: int | None = None
@@ -66,7 +66,7 @@ class KillAtUpload:
             return
         if isinstance(event, CheckpointsRequest) and event.request.get("action") == "trigger":
             self.triggers += 1
-        elif isinstance(event, PutRequest) and event.target is None:  # a state file's bytes, then LINKed
+        elif isinstance(event, PutRequest) and (event.target is None or event.target.name.startswith("state/")):
             self.state_bytes += moved
             if self.pid is not None and self.triggers == self.checkpoint and not self.killed:
                 os.kill(self.pid, signal.SIGKILL)
