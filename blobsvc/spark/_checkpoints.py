@@ -92,11 +92,18 @@ class SparkCheckpoints:
         return self.store.latest()
 
     def begin(
-        self, partitions: int, properties: dict[str, Any] | None = None, *, savepoint: bool = False
+        self,
+        partitions: int,
+        properties: dict[str, Any] | None = None,
+        *,
+        savepoint: bool = False,
+        timeout: float | None = None,
     ) -> PendingCheckpoint:
         """Trigger a checkpoint awaiting the tasks of ``partitions`` partitions, ``"0"`` to
-        ``str(partitions - 1)``; use it as ``with``, as ``CheckpointStore.begin``'s."""
-        return self.store.begin([str(p) for p in range(partitions)], properties, savepoint=savepoint)
+        ``str(partitions - 1)``; use it as ``with``, as ``CheckpointStore.begin``'s, and run
+        the job that snapshots inside the block."""
+        tasks = [str(p) for p in range(partitions)]
+        return self.store.begin(tasks, properties, savepoint=savepoint, timeout=timeout)
 
     def tasks(self, restore_from: CompletedCheckpoint | None = None) -> TaskCheckpoints:
         """What tasks use to snapshot their state and to restore it from ``restore_from``
