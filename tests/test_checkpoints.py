@@ -128,7 +128,10 @@ def test_a_checkpoint_that_times_out_is_aborted_by_its_timer(server_thread: Serv
         assert pending.state.value == "aborted" and "timed out" in (pending.reason or "")
         with pytest.raises(CheckpointAborted, match="timed out"):
             pending.acknowledge("0", store.snapshot("0", b"x"))
-        assert store.client.status()["checkpoints_aborted"] == 1
+        deadline = time.monotonic() + 10  # the timer tells the server on its own thread
+        while store.client.status()["checkpoints_aborted"] != 1:
+            assert time.monotonic() < deadline, "the server never heard of the abort"
+            time.sleep(0.01)
 
 
 def test_ids_strictly_increase_even_across_a_server_restart(settings: Settings) -> None:
@@ -608,3 +611,30 @@ def test_a_trigger_waits_out_the_minimum_pause_after_a_completion(server_thread:
         completed = time.monotonic()
         store.begin(tasks=["0"]).abort("only the wait mattered")
         assert time.monotonic() - completed >= 0.3
+
+
+def test_nothing_is_discarded_while_a_checkpoint_is_pending(store: CheckpointStore, tmp_path: Path) -> None:
+    with store.begin(tasks=["0"]) as old:
+        old.acknowledge("0", store.snapshot("0", b"old"))
+    pending = store.begin(tasks=["0"])
+    pending.acknowledge("0", store.snapshot("0", b"linked while pending"))
+    store.delete(old.id)  # a discard: the pending checkpoint's state is referenced by nothing retained yet
+    assert store.records() == []
+    completed = pending.complete()  # its state is all there still
+    assert completed.restore("0", tmp_path / "r").read_bytes() == b"linked while pending"
+
+
+def test_a_checkpoint_completed_inside_its_block_leaves_it_quietly(store: CheckpointStore) -> None:
+    with store.begin(tasks=["0"]) as pending:
+        pending.acknowledge("0", store.snapshot("0", b"x"))
+        completed = pending.complete()
+    assert pending.completed == completed and [c.id for c in store.list()] == [completed.id]
+
+
+def test_a_store_of_something_else_than_a_server_or_blocking_client_is_refused() -> None:
+    from blobsvc import AsyncBlobClient
+
+    with pytest.raises(TypeError, match="not AsyncBlobClient"):
+        CheckpointStore(AsyncBlobClient("127.0.0.1:1"), "pipe")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pipeline name"):
+        CheckpointStore("127.0.0.1:1", "no/slashes")

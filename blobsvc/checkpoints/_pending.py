@@ -160,5 +160,5 @@ class PendingCheckpoint:
     ) -> None:
         if exc is not None:
             self.abort(f"{type(exc).__name__}: {exc}")
-            return
-        self.complete()
+        elif self.state is not CheckpointState.COMPLETED:  # completed in the block: nothing left to do
+            self.complete()

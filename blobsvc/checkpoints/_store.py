@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .._exceptions import CheckpointError, NotFound
+from .._exceptions import CheckpointError, InvalidArgumentType, NotFound
 from ..cache import BlobCache
 from ..client import BlobClient
 from ..wire._checkpoints import TaskHandle, check_pipeline
@@ -58,6 +58,10 @@ class CheckpointStore:
         hold_seconds: float = DEFAULT_HOLD_SECONDS,
         cache: BlobCache | None = None,
     ) -> None:
+        if not isinstance(server, str | BlobClient):
+            raise InvalidArgumentType(
+                f"a checkpoint store's server is 'host:port', a zk:// URL or a BlobClient, not {type(server).__name__}"
+            )
         self.pipeline = check_pipeline(pipeline)
         self.options = CheckpointOptions(timeout, max_concurrent, min_pause, tolerable_failures, retain, hold_seconds)
         self._owns_client = isinstance(server, str)

@@ -169,6 +169,7 @@ class ZooKeeperCheckpointRecords:
         self.client = client
         self.paths = paths
         self._token = token
+        self._ensured: set[str] = set()  # pipelines whose nodes exist: three round trips saved a write
 
     def _root(self, pipeline: str) -> str:
         return f"{self.paths.root}/checkpoints/{check_pipeline(pipeline)}"
@@ -198,8 +199,10 @@ class ZooKeeperCheckpointRecords:
 
     def _ensure(self, pipeline: str) -> str:
         root = self._root(pipeline)
-        for node in (f"{root}/completed", f"{root}/writer", f"{root}/counter"):
-            self.client.ensure_path(node)
+        if root not in self._ensured:
+            for node in (f"{root}/completed", f"{root}/writer", f"{root}/counter"):
+                self.client.ensure_path(node)
+            self._ensured.add(root)
         return root
 
     def register(self, pipeline: str) -> int:
