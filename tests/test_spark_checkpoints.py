@@ -13,7 +13,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -25,13 +24,11 @@ from typing import Any
 
 import pytest
 
-from blobsvc import BlobCache, InvalidArgument, Settings
+from blobsvc import Settings
 from blobsvc.checkpoints import CheckpointStore
-from blobsvc.spark import checkpoints
 from blobsvc.wire._protocol import CheckpointsRequest, PutRequest
 
-from .conftest import ServerThread, with_secret
-from .test_spark_handle import Conf
+from .conftest import ServerThread
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -160,46 +157,3 @@ def test_a_driver_killed_mid_checkpoint_resumes_from_the_latest_and_ends_as_if_n
     assert sent == observer.state_bytes - observer.at_trigger[KILLED_IN + 1]
     assert sent + reused == sum(checkpoint.size for checkpoint in retained)
     assert reused > 2 * sent  # 5 of the 7 segments in the two checkpoints were there already
-
-
-def test_the_pages_spark_recipe_is_the_example_that_runs_here() -> None:
-    from tests.test_docs_examples import ROOT, the_block
-
-    recipe = the_block(ROOT / "docs" / "checkpoints.md", "python", "def batch_step(")
-    assert recipe in EXAMPLE.read_text()
-
-
-def test_tasks_snapshot_and_restore_through_the_host_cache_with_the_executors_secret_file(
-    settings: Settings, tmp_path: Path
-) -> None:
-    server = ServerThread(with_secret(settings, tmp_path)).start()
-    try:
-        conf = Conf(
-            **{
-                "spark.blobsvc.server": server.address,
-                "spark.blobsvc.secretFile": str(tmp_path / "secret"),
-                "spark.blobsvc.cacheDir": str(tmp_path / "cache"),
-            }
-        )
-        state = tmp_path / "state"
-        state.mkdir()
-        (state / "a.sst").write_bytes(b"a" * 10_000)
-        with checkpoints(conf, "p", timeout=30) as ckpt:
-            first = pickle.loads(pickle.dumps(ckpt.tasks(ckpt.latest())))
-            assert first.restore(0, tmp_path / "nothing") is None and not (tmp_path / "nothing").exists()
-            with ckpt.begin(2, properties={"batch": 0}) as pending:
-                for handle in [first.snapshot(0, state), first.snapshot("1", b"one")]:
-                    pending.acknowledge(handle.task, handle)
-            shipped = pickle.dumps(ckpt.tasks(pending.completed))
-        assert b"s3cr3t" not in shipped  # the file's path travels, each executor reads it
-        tasks = pickle.loads(shipped)
-        assert (tasks.restore(0, tmp_path / "r0") / "a.sst").read_bytes() == b"a" * 10_000
-        assert tasks.restore(1, tmp_path / "r1").read_bytes() == b"one"
-        with pytest.raises(InvalidArgument, match="has no task '2'"):
-            tasks.restore(2, tmp_path / "r2")
-        with BlobCache(server.address, tmp_path / "cache", secret=b"s3cr3t") as cache:
-            downloads = cache.stats().downloads
-            tasks.restore(0, tmp_path / "again")  # the host has it: no transfer
-            assert cache.stats().downloads == downloads == 2
-    finally:
-        server.stop()
