@@ -1,6 +1,8 @@
 """Checkpoints through Spark on ``local-cluster[2,1,1024]``: the example pipeline's driver is
 killed with SIGKILL in the middle of a checkpoint's uploads, and a new application resumes
-from the latest completed checkpoint and ends with the totals of a run never killed.
+from the latest completed checkpoint and ends with the totals of a run never killed: the sums
+of every batch's events, which the example's replayable source gives (so the test starts two
+Spark applications, not three).
 
 The drivers are separate processes running ``examples/checkpoint_pipeline.py`` as a user
 would; the server runs here, and one of its request observers sends the SIGKILL when the first
