@@ -512,7 +512,7 @@ def test_the_pages_examples_run_as_written(server_thread: ServerThread, tmp_path
     from tests.test_docs_examples import ROOT, blocks
 
     page = ROOT / "docs" / "checkpoints.md"
-    first, driver = blocks(page, "python")
+    first, driver = blocks(page, "python")[:2]  # the third, On Spark, runs in tests/test_spark_checkpoints.py
     for code in (first, driver, driver):  # the driver twice: the second run goes on from the first
         code = code.replace("127.0.0.1:6130", server_thread.address).replace("/tmp/", f"{tmp_path}/")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -188,3 +188,8 @@ def test_readme_is_short_and_its_links_resolve() -> None:
             headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.MULTILINE)
             slugs = {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
             assert anchor in slugs, target
+
+
+def test_the_checkpoints_pages_spark_recipe_is_the_example_its_spark_test_runs() -> None:
+    recipe = the_block(ROOT / "docs" / "checkpoints.md", "python", "def batch_step(")
+    assert recipe in (ROOT / "examples" / "checkpoint_pipeline.py").read_text()

@@ -1,4 +1,5 @@
-"""blobsvc.spark without a Spark session: the extra's error, publishing's checks, the handle.
+"""blobsvc.spark without a Spark session: the extra's error, publishing's checks, the handle, and
+the task side of checkpoints.
 
 ``publish`` reads only ``getConf()`` of what it is given, so these tests hand it a real
 ``SparkConf`` (pure Python until a SparkContext exists) instead of starting a JVM."""
@@ -15,10 +16,10 @@ import pytest
 import trustme
 from pyspark import SparkConf
 
-from blobsvc import BlobClient, InvalidArgument, Settings
-from blobsvc.spark import NotOwner, Shipped, UnknownArtifact, publish
+from blobsvc import BlobCache, BlobClient, InvalidArgument, Settings
+from blobsvc.spark import NotOwner, Shipped, UnknownArtifact, checkpoints, publish
 
-from .conftest import ServerThread
+from .conftest import ServerThread, with_secret
 
 
 class Conf:
@@ -160,5 +161,41 @@ def test_over_tls_the_handle_carries_the_ca_path_and_every_process_builds_its_ow
             assert ("tls_ca", str(tmp_path / "ca.pem")) in copy.options.conf
             assert copy.path("a.bin").read_bytes() == b"over tls"
         assert server.server.requests["DELETE"] == 1
+    finally:
+        server.stop()
+
+
+def test_tasks_snapshot_and_restore_through_the_host_cache_with_the_executors_secret_file(
+    settings: Settings, tmp_path: Path
+) -> None:
+    server = ServerThread(with_secret(settings, tmp_path)).start()
+    try:
+        conf = Conf(
+            **{
+                "spark.blobsvc.server": server.address,
+                "spark.blobsvc.secretFile": str(tmp_path / "secret"),
+                "spark.blobsvc.cacheDir": str(tmp_path / "cache"),
+            }
+        )
+        state = tmp_path / "state"
+        state.mkdir()
+        (state / "a.sst").write_bytes(b"a" * 10_000)
+        with checkpoints(conf, "p", timeout=30) as ckpt:
+            first = pickle.loads(pickle.dumps(ckpt.tasks(ckpt.latest())))
+            assert first.restore(0, tmp_path / "nothing") is None and not (tmp_path / "nothing").exists()
+            with ckpt.begin(2, properties={"batch": 0}) as pending:
+                for handle in [first.snapshot(0, state), first.snapshot("1", b"one")]:
+                    pending.acknowledge(handle.task, handle)
+            shipped = pickle.dumps(ckpt.tasks(pending.completed))
+        assert b"s3cr3t" not in shipped  # the file's path travels, each executor reads it
+        tasks = pickle.loads(shipped)
+        assert (tasks.restore(0, tmp_path / "r0") / "a.sst").read_bytes() == b"a" * 10_000
+        assert tasks.restore(1, tmp_path / "r1").read_bytes() == b"one"
+        with pytest.raises(InvalidArgument, match="has no task '2'"):
+            tasks.restore(2, tmp_path / "r2")
+        with BlobCache(server.address, tmp_path / "cache", secret=b"s3cr3t") as cache:
+            downloads = cache.stats().downloads
+            tasks.restore(0, tmp_path / "again")  # the host has it: no transfer
+            assert cache.stats().downloads == downloads == 2
     finally:
         server.stop()

@@ -1,4 +1,5 @@
-"""blobsvc for PySpark: ship files, Python modules, archives and jars to every executor.
+"""blobsvc for PySpark: ship files, Python modules, archives and jars to every executor, and
+checkpoint each partition's state (``checkpoints``: see ``_checkpoints`` and docs/checkpoints.md).
 
 ```python
 from blobsvc.spark import publish
@@ -20,10 +21,11 @@ The modules, one job each:
 * ``_local``: resolution through the host's BlobCache, and who holds a job's lease when;
 * ``_artifacts``: what is shipped, under which name;
 * ``_environment``: a packed Python environment for the Python workers, through each host's agent;
-* ``_master``: the master a SparkContext about to start will run on, set or not.
+* ``_master``: the master a SparkContext about to start will run on, set or not;
+* ``_checkpoints``: a pipeline's checkpoints taken by its tasks, acknowledged by the driver.
 
-May import the cache, :mod:`blobsvc.driver`, the client, :mod:`blobsvc.http` and what lies
-below them; never the server, the agent or the benchmark.
+May import the cache, :mod:`blobsvc.checkpoints`, :mod:`blobsvc.driver`, the client,
+:mod:`blobsvc.http` and what lies below them; never the server, the agent or the benchmark.
 """
 
 try:
@@ -32,6 +34,7 @@ except ImportError as exc:  # pragma: no cover - the test extra installs pyspark
     raise ImportError("blobsvc.spark needs PySpark: pip install blobsvc[spark]") from exc
 
 from ..cache._archives import UnsafeArchive
+from ._checkpoints import SparkCheckpoints, TaskCheckpoints, checkpoints
 from ._environment import environment
 from ._handle import NotOwner, Shipped, UnknownArtifact
 from ._publish import CONF_KEYS, HTTP_URL_KEY, publish
@@ -41,8 +44,11 @@ __all__ = [
     "HTTP_URL_KEY",
     "NotOwner",
     "Shipped",
+    "SparkCheckpoints",
+    "TaskCheckpoints",
     "UnknownArtifact",
     "UnsafeArchive",
+    "checkpoints",
     "environment",
     "publish",
 ]

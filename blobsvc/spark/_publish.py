@@ -19,7 +19,7 @@ from ._handle import Shipped
 from ._jars import add_jars, is_connect
 from ._local import CacheOptions
 
-__all__ = ["CONF_KEYS", "HTTP_URL_KEY", "conf_settings", "publish"]
+__all__ = ["CONF_KEYS", "HTTP_URL_KEY", "conf_settings", "publish", "spark_settings"]
 
 log = logging.getLogger("blobsvc.spark")
 
@@ -63,7 +63,7 @@ def publish(
     deleted on the server when the block ends.
     """
     conf = _conf_reader(spark)
-    settings, from_conf = conf_settings(conf, server=server)
+    settings, options = spark_settings(spark, server=server)
     sources = [
         *(parse_source(f, Kind.FILE) for f in _each(files)),
         *(parse_source(f, Kind.PY) for f in _each(py_files)),
@@ -82,11 +82,6 @@ def publish(
             f"jars reach the executor JVMs over HTTP: set {CONF_KEYS['agent_url']} (http://host:port of "
             f"each host's agent), or {HTTP_URL_KEY} (http://host:port) or {CONF_KEYS['http_port']} of the server"
         )
-    # What executors need of the conf travels in the handle; the address is resolved here.
-    carried = {"server", "http_port"}
-    options = CacheOptions(
-        settings.server, tuple((k, v) for k, v in from_conf.items() if v is not None and k not in carried)
-    )
     job = new_job_id()
     secret = settings.secret()
     client_options = {"secret": secret, "tls": client_context_for(settings), "timeout": settings.timeout}
@@ -103,6 +98,16 @@ def publish(
     shipped.sent_bytes = sent
     log.info("published %d artifact(s) as job %s on %s; %d bytes sent", len(artifacts), job, settings.server, sent)
     return shipped
+
+
+def spark_settings(spark: Any, *, server: str | None = None) -> tuple[Settings, CacheOptions]:
+    """The blobsvc settings of ``spark``'s conf (see :func:`conf_settings`), and what of them
+    executors need (:class:`CacheOptions`): the server's address, resolved here, and the conf's
+    own values, which each executor reads there (a secret file's path, never its bytes)."""
+    settings, from_conf = conf_settings(_conf_reader(spark), server=server)
+    carried = {"server", "http_port"}
+    conf = tuple((k, v) for k, v in from_conf.items() if v is not None and k not in carried)
+    return settings, CacheOptions(settings.server, conf)
 
 
 def _conf_reader(spark: Any) -> Callable[[str], str | None]:

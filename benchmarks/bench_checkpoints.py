@@ -1,0 +1,363 @@
+"""Checkpoints: tasks' state checkpointed through blobsvc, against copying it by hand.
+
+Run from the repository root (needs ZooKeeper, ``scripts/zookeeper install``, and moto's S3
+server, ``moto[server]``, from the test extra)::
+
+    .venv/bin/python -m benchmarks.bench_checkpoints            # 8 tasks x 64 MiB in 16 files, 5 checkpoints
+    .venv/bin/python -m benchmarks.bench_checkpoints --quick    # a smoke test: 2 tasks x 4 MiB, 3 checkpoints
+
+Each task's state is a directory of files of random bytes; before each checkpoint after the
+first, ``--changed`` of all the files (10%, chosen at random) are rewritten. ``--tasks``
+processes (one per task, as executors would be) take every checkpoint four ways, one after the
+other on the same state, the order turning from checkpoint to checkpoint:
+
+* ``standalone``: each task snapshots its directory (``CheckpointStore.snapshot``) against a
+  standalone ``blobsvc serve``; the driver acknowledges the handles and completes it;
+* ``zookeeper``: the same against a zookeeper-mode leader (a real ZooKeeper from
+  ``scripts/zookeeper``, its HA store a directory);
+* ``directory``: each task copies its whole directory through fsspec to a shared directory
+  (``checkpoint-<n>/task-<i>``), the driver writes a ``_COMPLETED`` marker and removes the
+  previous checkpoint: what pipelines do by hand today;
+* ``s3``: the same to moto's S3 server on 127.0.0.1, through s3fs.
+
+Between two ways, ``os.sync()`` (outside every clock) writes back what the last one left in
+the page cache: the copies by hand do not fsync, and their dirty pages would otherwise slow the
+next way's fsyncs. Per way and checkpoint: the seconds from trigger to completed, the bytes
+changed since the last checkpoint, the bytes the tasks sent (by the handles, and the server's
+``blobsvc_received_bytes`` on its /metrics), and for blobsvc the completion latency: from the
+last acknowledgement to ``complete()`` returning, which the server answers once the record is
+durable (visible to every ``latest()`` from then on) and the oldest checkpoint subsumed; the
+state nothing references is discarded after the answer. Then one task's state
+is restored from the latest standalone checkpoint, against ``get_file`` of the same files (9
+times each, taking turns to go first; medians). One JSON object per line, then
+``{"summary": ...}`` with the ratios the goals are stated in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import os
+import random
+import re
+import secrets
+import shutil
+import statistics
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from benchmarks._serve import serve
+from benchmarks.harness.s3 import MotoServer
+from benchmarks.harness.zk import ZooKeeper
+from blobsvc import BlobClient
+from blobsvc.bench._measure import emit, machine
+from blobsvc.checkpoints import CheckpointStore, TaskHandle
+from blobsvc.wire._checkpoints import pipeline_job, state_name
+
+WAYS = ("standalone", "zookeeper", "directory", "s3")
+START_TIMEOUT = 60.0  # a JVM or moto starting on a loaded 2-core machine
+PIPELINE = "bench"
+
+
+# --- the tasks (each in a process of the pool) -----------------------------------------------
+
+
+def snapshot_task(address: str, task: int, state: str) -> dict[str, Any]:
+    with CheckpointStore(address, PIPELINE) as store:
+        return store.snapshot(str(task), state).to_json()
+
+
+def copy_task(url: str, task: int, state: str) -> None:
+    """Copy the task's directory whole to ``url/task-<i>`` through fsspec."""
+    filesystem, root = fsspec.core.url_to_fs(url)
+    filesystem.put(f"{state}/", f"{root}/task-{task}", recursive=True)
+
+
+# --- where checkpoints go ----------------------------------------------------------------------
+
+
+def wait_until(what: str, ready: Any) -> Any:
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        with contextlib.suppress(OSError, KeyError):
+            answer = ready()
+            if answer:
+                return answer
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready after {START_TIMEOUT:g} s")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def moto_s3() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1, this process's (and children's) AWS settings pointing at
+    it for the block; yields a fresh bucket's name. Killed by PID."""
+    moto = MotoServer().start()
+    try:
+        with moto.export():
+            bucket = f"bench-{secrets.token_hex(4)}"
+            fsspec.filesystem("s3", skip_instance_cache=True).mkdir(bucket)
+            yield bucket
+    finally:
+        moto.stop()
+
+
+@contextlib.contextmanager
+def zookeeper(directory: Path) -> Iterator[str]:
+    """A standalone ZooKeeper from ``scripts/zookeeper``; yields its HOST:PORT."""
+    running = ZooKeeper(directory).start()
+    try:
+        yield running.hosts
+    finally:
+        running.stop()
+
+
+class Server:
+    """A blob server's address and its received-bytes counter (on its /metrics)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        with BlobClient(address, timeout=30) as client:
+            self.metrics = f"http://{client.status()['metrics_address']}/metrics"
+
+    def received(self) -> int:
+        with urllib.request.urlopen(self.metrics, timeout=30) as reply:
+            match = re.search(r"^blobsvc_received_bytes_total (\S+)$", reply.read().decode(), re.M)
+        if match is None:
+            raise RuntimeError("no blobsvc_received_bytes_total in the server's metrics")
+        return int(float(match.group(1)))
+
+
+def leading(address: str) -> bool:
+    with BlobClient(address, timeout=5) as client:
+        return client.status().get("role") == "leader"
+
+
+# --- the state and its changes -----------------------------------------------------------------
+
+
+def make_state(root: Path, tasks: int, files: int, size: int) -> list[Path]:
+    dirs = []
+    for task in range(tasks):
+        directory = root / f"task-{task}"
+        directory.mkdir(parents=True)
+        for index in range(files):
+            (directory / f"{index:04d}.sst").write_bytes(os.urandom(size))
+        dirs.append(directory)
+    return dirs
+
+
+def change_state(dirs: list[Path], files: int, fraction: float, rng: random.Random) -> int:
+    """Rewrite ``fraction`` of all the files with new bytes; the bytes changed."""
+    every = [(task, index) for task in range(len(dirs)) for index in range(files)]
+    changed = 0
+    for task, index in rng.sample(every, max(1, round(fraction * len(every)))):
+        path = dirs[task] / f"{index:04d}.sst"
+        size = path.stat().st_size
+        path.write_bytes(os.urandom(size))
+        changed += size
+    return changed
+
+
+# --- one checkpoint, each way ------------------------------------------------------------------
+
+
+def blobsvc_checkpoint(
+    pool: Any, store: CheckpointStore, server: Server, dirs: list[Path], number: int
+) -> dict[str, Any]:
+    received = server.received()
+    started = time.perf_counter()
+    pending = store.begin([str(task) for task in range(len(dirs))], {"checkpoint": number})
+    args = [(server.address, task, str(d)) for task, d in enumerate(dirs)]
+    handles = [TaskHandle.from_json(h) for h in pool.starmap(snapshot_task, args)]
+    for handle in handles:
+        pending.acknowledge(handle.task, handle)
+    acked = time.perf_counter()
+    completed = pending.complete()
+    ended = time.perf_counter()
+    latest = store.latest()
+    if latest is None or latest.id != completed.id:
+        raise RuntimeError(f"checkpoint {completed.id} completed but is not the latest")
+    return {
+        "seconds": ended - started,
+        "completion_ms": round((ended - acked) * 1000, 2),
+        "sent_bytes": sum(handle.bytes_sent for handle in handles),
+        "received_bytes": server.received() - received,
+        "state_bytes": completed.size,
+    }
+
+
+def copy_checkpoint(pool: Any, base: str, dirs: list[Path], number: int) -> dict[str, Any]:
+    filesystem, root = fsspec.core.url_to_fs(base)
+    started = time.perf_counter()
+    url = f"{base}/checkpoint-{number}"
+    pool.starmap(copy_task, [(url, task, str(d)) for task, d in enumerate(dirs)])
+    filesystem.pipe_file(f"{root}/checkpoint-{number}/_COMPLETED", b"")
+    if number > 0:
+        filesystem.rm(f"{root}/checkpoint-{number - 1}", recursive=True)
+    ended = time.perf_counter()
+    state = sum(p.stat().st_size for d in dirs for p in d.iterdir())
+    return {"seconds": ended - started, "sent_bytes": state, "state_bytes": state}
+
+
+def restore_rates(store: CheckpointStore, server: str, work: Path, rounds: int) -> dict[str, Any]:
+    """Task 0's state restored from the latest checkpoint, against ``get_file`` of its files
+    one after the other (what the restore does, less the checks, the hold and the renames)."""
+    latest = store.latest()
+    assert latest is not None
+    handle = latest.tasks["0"]
+    job = pipeline_job(PIPELINE)
+    restores, gets = [], []
+    dest = work / "restored"
+
+    def restore() -> None:
+        started = time.perf_counter()
+        latest.restore("0", dest)
+        restores.append(time.perf_counter() - started)
+        shutil.rmtree(dest)
+
+    def get_files(client: BlobClient) -> None:
+        dest.mkdir()
+        started = time.perf_counter()
+        for entry in handle.files:
+            client.get_file(dest / entry.path, job=job, name=state_name(bytes.fromhex(entry.key)))
+        gets.append(time.perf_counter() - started)
+        shutil.rmtree(dest)
+
+    with BlobClient(server, timeout=60) as client:
+        for round_ in range(rounds):  # each first in turn: drift hits both alike
+            if round_ % 2:
+                get_files(client)
+                restore()
+            else:
+                restore()
+                get_files(client)
+    restore_s, get_s = statistics.median(restores), statistics.median(gets)
+    return {
+        "bench": "restore",
+        "bytes": handle.size,
+        "files": len(handle.files),
+        "restore_MB_s": round(handle.size / restore_s / 1e6, 1),
+        "get_file_MB_s": round(handle.size / get_s / 1e6, 1),
+        "ratio": round(get_s / restore_s, 3),
+        "loadavg": round(os.getloadavg()[0], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke test: 2 tasks x 4 files x 1 MiB, 3 checkpoints")
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--files", type=int, default=16, help="files per task")
+    parser.add_argument("--file-mib", type=int, default=4)
+    parser.add_argument("--checkpoints", type=int, default=5)
+    parser.add_argument("--changed", type=float, default=0.1, help="fraction of the files changed per checkpoint")
+    parser.add_argument("--tmp-dir", help="where the state, the servers' data, ZooKeeper and the copies go")
+    args = parser.parse_args()
+    if args.quick:
+        tasks, files, size, checkpoints, changed = 2, 4, 1 << 20, 3, 0.25
+    else:
+        tasks, files, size = args.tasks, args.files, args.file_mib << 20
+        checkpoints, changed = args.checkpoints, args.changed
+    emit(
+        {
+            "bench": "setup",
+            "tasks": tasks,
+            "files": files,
+            "file_size": size,
+            "checkpoints": checkpoints,
+            "changed": changed,
+            **machine(),
+        }
+    )
+    rng = random.Random(25)
+    records: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-checkpoints-", dir=args.tmp_dir)))
+        bucket = stack.enter_context(moto_s3())  # exported before the pool starts: s3fs reads it
+        hosts = stack.enter_context(zookeeper(work / "zookeeper"))
+        servers = {
+            "standalone": Server(stack.enter_context(serve("--metrics-port", "0", data_dir=work / "data"))),
+            "zookeeper": Server(
+                stack.enter_context(
+                    serve(
+                        "--metrics-port",
+                        "0",
+                        "--recovery-mode",
+                        "zookeeper",
+                        "--zookeeper",
+                        hosts,
+                        "--ha-dir",
+                        str(work / "ha"),
+                        "--cluster-id",
+                        "bench",
+                        data_dir=work / "data-zk",
+                    )
+                )
+            ),
+        }
+        wait_until("the zookeeper-mode leader", lambda: leading(servers["zookeeper"].address))
+        stores = {way: stack.enter_context(CheckpointStore(s.address, PIPELINE)) for way, s in servers.items()}
+        copies = {"directory": f"file://{work / 'shared'}", "s3": f"s3://{bucket}/{PIPELINE}"}
+        (work / "shared").mkdir()
+        dirs = make_state(work / "state", tasks, files, size)
+        pool = stack.enter_context(multiprocessing.get_context("forkserver").Pool(tasks))
+        for number in range(checkpoints):
+            changed_bytes = tasks * files * size if number == 0 else change_state(dirs, files, changed, rng)
+            turn = number % len(WAYS)
+            for way in WAYS[turn:] + WAYS[:turn]:
+                if way in stores:
+                    result = blobsvc_checkpoint(pool, stores[way], servers[way], dirs, number)
+                else:
+                    result = copy_checkpoint(pool, copies[way], dirs, number)
+                record = {
+                    "bench": "checkpoint",
+                    "way": way,
+                    "checkpoint": number,
+                    "changed_bytes": changed_bytes,
+                    **result,
+                    "seconds": round(result["seconds"], 3),
+                    "loadavg": round(os.getloadavg()[0], 2),
+                }
+                emit(record)
+                records.append(record)
+                os.sync()  # a way's dirty pages must not slow the next one's fsyncs
+        restore = restore_rates(stores["standalone"], servers["standalone"].address, work, 3 if args.quick else 9)
+        emit(restore)
+    emit({"summary": summarize(records, restore)})
+
+
+def summarize(records: list[dict[str, Any]], restore: dict[str, Any]) -> dict[str, Any]:
+    """Medians over the incremental checkpoints (every one but the first), and the goals' ratios."""
+
+    def median(way: str, field: str) -> float:
+        return float(statistics.median(r[field] for r in records if r["way"] == way and r["checkpoint"] > 0))
+
+    incremental = [r for r in records if r["way"] == "standalone" and r["checkpoint"] > 0]
+    summary: dict[str, Any] = {f"{way}_seconds": median(way, "seconds") for way in WAYS}
+    summary["sent_over_changed"] = round(max(r["sent_bytes"] / r["changed_bytes"] for r in incremental), 3)
+    summary["received_over_changed"] = round(max(r["received_bytes"] / r["changed_bytes"] for r in incremental), 3)
+    summary["time_over_directory_copy"] = round(summary["standalone_seconds"] / summary["directory_seconds"], 3)
+    summary["time_over_s3_copy"] = round(summary["standalone_seconds"] / summary["s3_seconds"], 3)
+    summary["standalone_completion_ms"] = median("standalone", "completion_ms")
+    summary["zookeeper_completion_ms"] = median("zookeeper", "completion_ms")
+    summary["restore_over_get_file"] = restore["ratio"]
+    summary["goals_met"] = {
+        "sent_over_changed<=1.1": summary["received_over_changed"] <= 1.1,
+        "time_over_directory_copy<=0.25": summary["time_over_directory_copy"] <= 0.25,
+        "standalone_completion_ms<=20": summary["standalone_completion_ms"] <= 20,
+        "zookeeper_completion_ms<=100": summary["zookeeper_completion_ms"] <= 100,
+        "restore_over_get_file>=0.8": restore["ratio"] >= 0.8,
+    }
+    return summary
+
+
+if __name__ == "__main__":
+    main()
