@@ -7,6 +7,7 @@ import os
 import pty
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -169,3 +170,16 @@ def test_client_options_work_before_the_command_as_after_it(server_thread: Serve
     assert unreachable.exit_code == 1 and "127.0.0.1:1" in unreachable.output
     bad = runner.invoke(main, ["-s", "host:port", "stat", key])
     assert bad.exit_code == 2 and "not a server address" in bad.output
+
+
+def test_times_print_in_utc_whatever_the_hosts_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """status, cache ls and checkpoints list print one clock, so that hosts' lines compare."""
+    from blobsvc.cli._text import when
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        assert (when(0), when(1795729713.99), when(None)) == ("1970-01-01T00:00:00Z", "2026-11-26T21:48:33Z", "-")
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import functools
 import importlib.util
 import json
@@ -39,6 +38,7 @@ from ..driver import _conf_defaults
 from ._cache_cli import cache
 from ._checkpoints_cli import checkpoints_group
 from ._cli_settings import CONFIG_HELP, config_option, given_before, load_settings, setting_help, setting_option
+from ._text import when
 
 # What a command needs beyond click and the settings (the client, the server, the agent, the
 # bench, the Spark conf) it imports when it runs: --version, --help and a client command then
@@ -453,9 +453,8 @@ async def status(client: AsyncBlobClient, as_json: bool, hosts: bool) -> None:
 def _status_text(name: str, value: Any, info: dict[str, Any]) -> str:
     """One STATUS field as a person reads it (``--json`` keeps the values as they are)."""
     if name == "started" and isinstance(value, int | float):
-        when = datetime.datetime.fromtimestamp(value, datetime.UTC).isoformat(timespec="seconds")
         uptime = info.get("uptime_seconds")
-        return when.replace("+00:00", "Z") + (f" (up {_duration(uptime)})" if isinstance(uptime, int | float) else "")
+        return when(value) + (f" (up {_duration(uptime)})" if isinstance(uptime, int | float) else "")
     if isinstance(value, dict):
         return " ".join(f"{k}={_status_text(k, v, info)}" for k, v in sorted(_flat(value).items())) or "-"
     if value is None:

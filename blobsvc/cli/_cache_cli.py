@@ -7,7 +7,6 @@ use the cache: they take the same locks as :class:`~blobsvc.cache.BlobCache`.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import os
 import tomllib
@@ -19,6 +18,7 @@ import click
 
 from ..config import ENV_PREFIX
 from ._cli_settings import config_option, load_settings, setting_option
+from ._text import when
 
 if TYPE_CHECKING:  # imported when a command runs: the rest of the command line never loads the cache
     from ..cache import CacheStore
@@ -34,12 +34,6 @@ def _dir_option(command: _F) -> _F:
 
 def _json_option(command: _F) -> _F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON, one object per line.")(command)
-
-
-def _when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return "-"
-    return datetime.datetime.fromtimestamp(timestamp).isoformat(timespec="seconds")
 
 
 def _store(ctx: click.Context, directory: str | None) -> CacheStore:
@@ -72,12 +66,12 @@ def ls(ctx: click.Context, /, cache_dir: str | None, as_json: bool) -> None:
             click.echo(json.dumps({"blob": blob.key, **_fields(blob, "key")}))
         else:
             use = "in-use" if blob.in_use else "-"
-            click.echo(f"blob\t{blob.key}\t{blob.size}\t{_when(blob.last_access)}\t{use}\t{','.join(blob.jobs) or '-'}")
+            click.echo(f"blob\t{blob.key}\t{blob.size}\t{when(blob.last_access)}\t{use}\t{','.join(blob.jobs) or '-'}")
     for job in jobs:
         if as_json:
             click.echo(json.dumps({"job": job.job, **_fields(job, "job")}))
         else:
-            click.echo(f"job\t{job.job}\t{job.references}\t{_when(job.idle_since)}\t{len(job.files)}")
+            click.echo(f"job\t{job.job}\t{job.references}\t{when(job.idle_since)}\t{len(job.files)}")
             for name, key in job.files:
                 click.echo(f"\t{name}\t{key}")
 

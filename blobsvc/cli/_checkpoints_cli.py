@@ -9,7 +9,6 @@ runs, not when ``--help`` is asked for.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import click
 
 from .._exceptions import CheckpointError
 from ._cli_settings import load_settings
+from ._text import when
 
 if TYPE_CHECKING:
     from ..checkpoints import CheckpointStore, CompletedCheckpoint
@@ -26,10 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["checkpoints_group"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _when(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp).isoformat(timespec="seconds")
 
 
 class _Options(Protocol):
@@ -84,7 +80,7 @@ def checkpoints_group(
                     click.echo(f"{record['id']}\t-\tDAMAGED\t{problem}")
                 else:
                     kind = "savepoint" if checkpoint.savepoint else "checkpoint"
-                    line = f"{checkpoint.id}\t{_when(checkpoint.timestamp)}\t{kind}\t{len(checkpoint.tasks)}"
+                    line = f"{checkpoint.id}\t{when(checkpoint.timestamp)}\t{kind}\t{len(checkpoint.tasks)}"
                     click.echo(f"{line}\t{checkpoint.size}")
 
     @checkpoints.command()
@@ -102,7 +98,7 @@ def checkpoints_group(
                 click.echo(json.dumps(checkpoint.to_json(), sort_keys=True))
                 return
             click.echo(f"checkpoint {checkpoint.id} of {pipeline}{' (savepoint)' if checkpoint.savepoint else ''}")
-            click.echo(f"taken: {_when(checkpoint.timestamp)}")
+            click.echo(f"taken: {when(checkpoint.timestamp)}")
             click.echo(f"properties: {json.dumps(dict(checkpoint.properties), sort_keys=True)}")
             click.echo(f"state: {checkpoint.size} bytes")
             for task, handle in sorted(checkpoint.tasks.items()):
