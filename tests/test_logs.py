@@ -4,6 +4,7 @@ start-up report that names what it removed and why."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import urllib.request
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import pytest
 
 from blobsvc import BlobClient, NotFound, new_job_id
 from blobsvc.http import blob_url
+from blobsvc.server._logs import configure
 
 from .conftest import ServerProcess
 
@@ -111,3 +113,25 @@ def test_http_requests_are_logged_by_path_without_their_signature(spawn_server: 
     lines = [json.loads(line) for line in err.splitlines()]
     (http,) = [line for line in lines if line.get("op") == "HTTP_GET"]
     assert (http["target"], http["outcome"], http["bytes"]) == (f"/blobs/{key}", "ok", len(b"over http"))
+
+
+@pytest.mark.parametrize(("level", "library_says"), [("info", False), ("warning", False), ("debug", True)])
+def test_libraries_info_lines_stay_out_of_the_log_but_at_debug_level(
+    level: str, library_says: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """botocore's "Found credentials" and kazoo's "Connecting to" are not an operator's news."""
+    root, ours = logging.getLogger(), logging.getLogger("blobsvc")
+    handlers, root_level, our_level = root.handlers[:], root.level, ours.level
+    try:
+        configure(level, "text")
+        logging.getLogger("botocore.credentials").info("Found credentials in environment variables.")
+        logging.getLogger("blobsvc.server").info("serving 0 blobs")
+        logging.getLogger("kazoo.client").warning("Connection dropped")
+        said = capsys.readouterr().err
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(root_level)
+        ours.setLevel(our_level)
+    assert ("Found credentials" in said) is library_says
+    assert ("serving 0 blobs" in said) is (level != "warning")
+    assert "Connection dropped" in said

@@ -45,12 +45,17 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: str, fmt: str) -> None:
-    """Send every blobsvc log line to stderr at ``level``, as ``fmt`` (text or json)."""
+    """Send every blobsvc log line to stderr at ``level``, as ``fmt`` (text or json). The
+    libraries under it (botocore, s3fs, kazoo) say only warnings and errors, unless ``level``
+    is debug: their info lines ("Found credentials in environment variables") are noise in
+    an operator's log."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    wanted = logging.getLevelNamesMapping()[level.upper()]
+    root.setLevel(wanted if wanted <= logging.DEBUG else max(wanted, logging.WARNING))
+    logging.getLogger("blobsvc").setLevel(wanted)
 
 
 def target_text(event: Any) -> str:
