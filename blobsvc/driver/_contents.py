@@ -20,13 +20,13 @@ import contextlib
 import json
 import re
 import tarfile
-import uuid
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._exceptions import InvalidArgument
+from ._digests import save_record
 
 __all__ = ["ARROW_MODULES", "PYTHON", "Contents", "arrow_warning", "checked_contents"]
 
@@ -135,11 +135,5 @@ def _remember(key: bytes, memory: Path | None, contents: Contents) -> None:
     if memory is None:
         return
     record = _record(key, memory)
-    if record.exists():
-        return
-    with contextlib.suppress(OSError):  # a memory that cannot be written only costs a read
-        memory.mkdir(parents=True, exist_ok=True)
-        temp = memory / f".{record.name}.{uuid.uuid4().hex}"
-        saved = {"python": contents.python, "nested": contents.nested, "modules": sorted(contents.modules)}
-        temp.write_text(json.dumps(saved))
-        temp.replace(record)
+    if not record.exists():
+        save_record(record, {"python": contents.python, "nested": contents.nested, "modules": sorted(contents.modules)})

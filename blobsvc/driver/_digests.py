@@ -19,12 +19,13 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import blake3
 
 from ..wire._ids import hash_file
 
-__all__ = ["RACY_SECONDS", "file_digest"]
+__all__ = ["RACY_SECONDS", "file_digest", "save_record"]
 
 RACY_SECONDS = 2.0
 
@@ -48,9 +49,16 @@ def file_digest(path: Path, memory: Path | None) -> bytes:
     key = hash_file(path)
     after = os.stat(path)
     if _stamp(after) == _stamp(before) and time.time() - max(after.st_mtime, after.st_ctime) > RACY_SECONDS:
-        with contextlib.suppress(OSError):  # a memory that cannot be written only costs a rehash
-            memory.mkdir(parents=True, exist_ok=True)
-            temp = memory / f".{record.name}.{uuid.uuid4().hex}"
-            temp.write_text(json.dumps({"path": str(path), "stamp": _stamp(after), "key": key.hex()}))
-            os.replace(temp, record)
+        save_record(record, {"path": str(path), "stamp": _stamp(after), "key": key.hex()})
     return key
+
+
+def save_record(record: Path, document: dict[str, Any]) -> None:
+    """``document`` as JSON at ``record`` (a file of a memory directory), whole or not at all:
+    written beside it, then renamed over it. A memory that cannot be written only costs the
+    work it saves again."""
+    with contextlib.suppress(OSError):
+        record.parent.mkdir(parents=True, exist_ok=True)
+        temp = record.parent / f".{record.name}.{uuid.uuid4().hex}"
+        temp.write_text(json.dumps(document))
+        os.replace(temp, record)
