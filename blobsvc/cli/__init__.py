@@ -655,6 +655,7 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
     uploaded; one without pyarrow and pandas gets a warning on stderr (Python UDFs run with
     Arrow in Spark 4, pandas UDFs always).
     """
+    from ..client import BlobClient
     from ..driver import _spark_conf
 
     if environment is None and not jars:
@@ -679,7 +680,7 @@ def spark_conf(ctx: click.Context, /, environment: str | None, alias: str, unpac
             if warning is not None:
                 click.echo(f"Warning: {warning}", err=True)
         keys = {}
-        with _spark_conf.blob_client(settings, one_shot=True) as client:
+        with BlobClient.from_settings(settings, one_shot=True) as client:
             for path in [*jar_paths, *([archive] if archive else [])]:
                 keys[path], _ = _spark_conf.ship(client, path, settings.cache_dir / "digests")
         urls = {path: _spark_conf.url(agent, keys[path], path, settings, expires_in) for path in jar_paths}

@@ -27,7 +27,6 @@ from .._exceptions import InvalidArgument, NotFound
 from ..client import BlobClient
 from ..config import Settings
 from ..http import blob_url, python_path, signed_url
-from ..wire._tls import client_context_for
 from ._conf_defaults import ARCHIVE_SUFFIXES, DEFAULT_ALIAS, DEFAULT_UNPACK, UNPACK_MODES, URL_LIFETIME
 from ._contents import Contents, checked_contents
 from ._digests import file_digest
@@ -40,7 +39,6 @@ __all__ = [
     "URL_LIFETIME",
     "agent_url",
     "archive_path",
-    "blob_client",
     "check_alias",
     "check_unpack",
     "environment_conf",
@@ -93,20 +91,6 @@ def agent_url(settings: Settings, how: str) -> str:
     if settings.agent_url is None:
         raise InvalidArgument(f"no blobsvc agent to fetch through: {how} (http://HOST:PORT, the same on every host)")
     return settings.agent_url
-
-
-def blob_client(settings: Settings, *, one_shot: bool = False) -> BlobClient:
-    """A client of the server ``settings`` name; ``one_shot`` for a command (see
-    :class:`~blobsvc.client.AsyncBlobClient`: a refused connection is not retried)."""
-    return BlobClient(
-        settings.server,
-        secret=settings.secret(),
-        tls=client_context_for(settings),
-        connect_timeout=settings.connect_timeout,
-        timeout=settings.timeout,
-        retries=settings.retries,
-        one_shot=one_shot,
-    )
 
 
 def environment_contents(path: Path, settings: Settings) -> Contents:

@@ -13,6 +13,7 @@ from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from ..client import BlobClient
 from ..driver import _spark_conf
 from ..driver._contents import ARROW_MODULES, ARROW_UDF_KEY, arrow_warning
 from ._master import effective_master
@@ -116,7 +117,7 @@ def environment(
         warning = arrow_warning(path.name, contents, "Python UDFs (with Arrow: Spark 4's default) and pandas UDFs")
         if warning is not None:
             log.warning("%s", warning)
-    with _spark_conf.blob_client(settings) as client:
+    with BlobClient.from_settings(settings) as client:
         key, sent = _spark_conf.ship(client, path, settings.cache_dir / "digests")
     values = _spark_conf.environment_conf(
         agent_url,
