@@ -14,10 +14,10 @@ turns its paths into files.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 import blake3
@@ -28,6 +28,7 @@ from ._protocol import JOB_SIZE
 __all__ = [
     "MAX_FILES",
     "MAX_METADATA_BYTES",
+    "MAX_METADATA_VALUES",
     "MAX_TASKS",
     "METADATA_FORMAT",
     "FileEntry",
@@ -54,7 +55,13 @@ METADATA_FORMAT = 1
 # checkpoint references. 10,000 tasks of 100,000 files between them is far beyond a pipeline.
 MAX_TASKS = 10_000
 MAX_FILES = 100_000
-MAX_METADATA_BYTES = 64 << 20
+# 100,000 files with 30-byte paths make 13 MiB of metadata (benchmarks/RESULTS.md): 32 MiB
+# leaves room for paths of about 200 bytes each, and bounds what one request makes the server read.
+MAX_METADATA_BYTES = 32 << 20
+# JSON values a metadata blob may hold, counted before it is parsed: a file entry is about
+# five (object, separators), a task a few more, the properties a bounded allowance. A blob of
+# tiny values ("[[],[],...]") would otherwise cost the parser ~20 times its size in objects.
+MAX_METADATA_VALUES = 8 * MAX_FILES + 8 * MAX_TASKS + 100_000
 MAX_PATH_BYTES = 4096
 STATE_PREFIX = "state/"
 METADATA_PREFIX = "meta/"
@@ -207,12 +214,15 @@ def _safe_relative(path: str) -> bool:
 
 
 def _check_no_nesting(task: str, paths: list[str]) -> None:
-    """No file's path is another's directory (``a`` and ``a/b``): a restore could not make both."""
-    files = set(paths)
-    for path in paths:
-        for parent in PurePosixPath(path).parents:
-            if str(parent) in files:
-                raise InvalidArgument(f"task {task}: {str(parent)!r} is both a file and a directory")
+    """No file's path is another's directory (``a`` and ``a/b``): a restore could not make both.
+
+    Linear in the paths' bytes (and a sort), whatever their depth: with ``/`` ordered before
+    every other character (paths hold no NUL), a path's descendants sort right after it, so
+    each path needs comparing with its successor only."""
+    ordered = sorted(path.replace("/", "\x00") for path in paths)
+    for path, successor in itertools.pairwise(ordered):
+        if successor.startswith(path + "\x00"):
+            raise InvalidArgument(f"task {task}: {path.replace(chr(0), '/')!r} is both a file and a directory")
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,8 +269,11 @@ def parse_metadata(raw: bytes | bytearray) -> Metadata:
     """Metadata from its blob's bytes, every field checked (:class:`InvalidArgument`)."""
     if len(raw) > MAX_METADATA_BYTES:
         raise InvalidArgument(f"checkpoint metadata of {len(raw)} bytes is over the limit of {MAX_METADATA_BYTES}")
+    values = raw.count(b"{") + raw.count(b"[") + raw.count(b",")
+    if values > MAX_METADATA_VALUES:
+        raise InvalidArgument(f"checkpoint metadata holds more than {MAX_METADATA_VALUES} JSON values")
     try:
-        document = json.loads(bytes(raw).decode("utf-8"))
+        document = json.loads(raw)
     except (ValueError, RecursionError):
         raise InvalidArgument("checkpoint metadata is not UTF-8 JSON") from None
     if not isinstance(document, dict) or document.get("format") != METADATA_FORMAT:
