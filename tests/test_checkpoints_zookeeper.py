@@ -55,7 +55,7 @@ def test_records_are_written_only_under_the_leaders_epoch_and_fence_a_replaced_w
     records.add("p", old, record)
     records.add("p", old, record)  # again: a retried complete is a no-op
     records.add_pending("p", old, 7, 123.5)
-    assert records.pending("p") == {7: {"epoch": old, "deadline": 123.5}}
+    assert records.pending("p") == {7: {"epoch": old, "deadline": 123.5, "savepoint": False}}
     new = records.register("p")
     with pytest.raises(Fenced):
         records.add("p", old, {**record, "id": records.next_id("p")})
