@@ -248,7 +248,7 @@ def test_metadata_over_the_cap_is_refused_from_its_size(client: BlobClient, monk
 def test_metadata_of_too_many_json_values_is_refused_before_it_is_parsed() -> None:
     tiny = b'{"format":1,"properties":[' + b",".join([b"[]"] * (wire.MAX_METADATA_VALUES + 1)) + b"]}"
     assert len(tiny) < wire.MAX_METADATA_BYTES
-    with pytest.raises(InvalidArgument, match="more than .* JSON values"):
+    with pytest.raises(InvalidArgument, match=r"more than \d+ JSON values"):
         parse_metadata(tiny)
 
 
