@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import shutil
@@ -70,10 +71,8 @@ def abuse(address: str, epoch: int, work: list[tuple[int, str]], requests: int, 
         for _ in range(requests):
             for checkpoint_id, key in work:
                 request = {"action": "complete", "pipeline": PIPELINE, "epoch": epoch, "id": checkpoint_id}
-                try:
+                with contextlib.suppress(NotFound):  # no state file is there: refused after every check ran
                     client.checkpoints({**request, "metadata": key, "retain": 1})
-                except NotFound:  # no state file is there: refused after every check ran
-                    pass
 
 
 async def probe(address: str, pid: int, until: Any, count: int | None = None) -> tuple[list[float], int]:
@@ -108,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     requests = args.requests or (2 if args.quick else 20)
     big_files, big_size = (1_000, 1 << 20) if args.quick else (100_000, MAX_METADATA_BYTES)
     deep_files, depth = (1_000, 30) if args.quick else (10_000, 300)
-    work = Path(tempfile.mkdtemp(prefix="blobsvc-ckreq-", dir=choose_tmp_parent(args.tmp_dir, REPO / "benchmarks" / "out")))
+    parent = choose_tmp_parent(args.tmp_dir, REPO / "benchmarks" / "out")
+    work = Path(tempfile.mkdtemp(prefix="blobsvc-ckreq-", dir=parent))
     server = ServerProcess(work / "data", work / "server.log")
     try:
         address = f"127.0.0.1:{server.port}"

@@ -288,3 +288,13 @@ def test_the_id_counter_and_writer_epoch_are_fsynced_before_they_are_given(
         files = [path for path in synced if os.path.dirname(path) == folder]
         assert files and folder in synced[synced.index(files[-1]) :], f"{name} was not fsynced, then its directory"
         assert (tmp_path / "p" / name).read_text() == "1"
+
+
+def test_properties_shaped_like_file_entries_come_back_as_they_were() -> None:
+    """The parser keeps file entries as tuples (no dict per file): the properties stay the user's JSON."""
+    shaped = {"path": "a", "size": 1, "key": "k"}
+    properties = {"entry": shaped, "deeper": [[{**shaped, "sent": True}], {"x": shaped}]}
+    document = {"format": 1, "pipeline": "p", "id": 1, "timestamp": 1.0, "savepoint": False, "tasks": []}
+    parsed = parse_metadata(json.dumps({**document, "properties": properties}).encode())
+    assert parsed.properties == properties
+    assert json.dumps(parsed.properties) == json.dumps(properties)

@@ -109,7 +109,9 @@ class CheckpointRecords(Protocol):
     def records(self, pipeline: str) -> list[Record]:
         """The completed checkpoints' records, by id."""
 
-    def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float, savepoint: bool = False) -> None:
+    def add_pending(
+        self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float, savepoint: bool = False
+    ) -> None:
         """Record a triggered checkpoint (a savepoint or not) until ``deadline`` (Unix time), if
         ``epoch`` is still the writer's (else :class:`Fenced`)."""
 
@@ -179,7 +181,9 @@ class FileCheckpointRecords:
                 raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}")
             self._files.remove(path)
 
-    def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float, savepoint: bool = False) -> None:
+    def add_pending(
+        self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float, savepoint: bool = False
+    ) -> None:
         check_pipeline(pipeline)
         with self._lock:
             self._check_writer(pipeline, epoch)
@@ -321,7 +325,9 @@ class ZooKeeperCheckpointRecords:
         except NoNodeError:
             raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}") from None
 
-    def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float, savepoint: bool = False) -> None:
+    def add_pending(
+        self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float, savepoint: bool = False
+    ) -> None:
         root = self._ensure(pipeline)
         transaction = self._transaction()
         transaction.check(f"{root}/writer", epoch)

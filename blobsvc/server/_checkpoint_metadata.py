@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Protocol
 import blake3
 
 from .._exceptions import BadRequest, DigestMismatch, InvalidArgument, NotFound
-from ..wire._checkpoints import MAX_METADATA_BYTES, Metadata, metadata_name, parse_metadata, pipeline_job, state_name
+from ..wire._checkpoints import (
+    MAX_METADATA_BYTES,
+    FileEntry,
+    Metadata,
+    metadata_name,
+    parse_metadata,
+    pipeline_job,
+    state_name,
+)
 from ..wire._protocol import ContentKey, JobBlob
 
 if TYPE_CHECKING:
@@ -45,9 +53,11 @@ class MetadataReader:
         # The state keys of records' metadata, by (pipeline, id, metadata key): a blob's content
         # never changes under its key, so what it references never does either.
         self._keys: dict[tuple[str, int, str], frozenset[bytes]] = {}
+        self._parsing = asyncio.Lock()
 
-    async def read_bytes(self, pipeline: str, checkpoint_id: int, key: str) -> bytes:
-        """The blob ``meta/<id>``, its size checked before it is read and its bytes against ``key``."""
+    async def read_text(self, pipeline: str, checkpoint_id: int, key: str) -> tuple[str, int]:
+        """The blob ``meta/<id>`` as text, and its size: its size checked before it is read and its bytes
+        against ``key``; only the text outlives the worker thread that reads it."""
         target = JobBlob(pipeline_job(pipeline), metadata_name(checkpoint_id))
         try:
             blob = await self.server.open_blob(target)
@@ -59,20 +69,25 @@ class MetadataReader:
                     f"checkpoint {checkpoint_id}'s metadata is {blob.size} bytes, "
                     f"over the limit of {MAX_METADATA_BYTES}"
                 )
-            raw = await asyncio.to_thread(_read_checked, blob.fd, blob.size, key)
-        if raw is None:
+            text = await asyncio.to_thread(_read_checked, blob.fd, blob.size, key)
+        if text is None:
             raise DigestMismatch(
                 f"checkpoint {checkpoint_id}'s metadata blob is damaged: its bytes do not hash to {key}"
             )
-        return raw
+        if isinstance(text, UnicodeDecodeError):
+            raise BadRequest(f"checkpoint {checkpoint_id}'s metadata: checkpoint metadata is not UTF-8 JSON")
+        return text, blob.size
 
     async def read(self, pipeline: str, checkpoint_id: int, key: str) -> tuple[Metadata, int]:
-        """The metadata and its size, parsed in a worker thread (:class:`BadRequest` when it is not valid)."""
-        raw = await self.read_bytes(pipeline, checkpoint_id, key)
-        try:
-            return await asyncio.to_thread(parse_metadata, raw), len(raw)
-        except InvalidArgument as exc:
-            raise BadRequest(f"checkpoint {checkpoint_id}'s metadata: {exc}") from None
+        """The metadata and its size, parsed in a worker thread (:class:`BadRequest` when it is
+        not valid), one at a time on this server: what parsing costs in memory is bounded by
+        one maximum-size blob, however many clients complete at once."""
+        async with self._parsing:
+            text, size = await self.read_text(pipeline, checkpoint_id, key)
+            try:
+                return await asyncio.to_thread(parse_metadata, text), size
+            except InvalidArgument as exc:
+                raise BadRequest(f"checkpoint {checkpoint_id}'s metadata: {exc}") from None
 
     def remember(self, pipeline: str, record: Record, metadata: Metadata) -> None:
         """Keep what ``record``'s metadata references: call once the record is added."""
@@ -91,7 +106,7 @@ class MetadataReader:
         """Check ``record``'s metadata blob is there and intact: re-hashed when it was parsed
         intact before, else read in full (:meth:`keys`)."""
         if (pipeline, record["id"], record["metadata"]) in self._keys:
-            await self.read_bytes(pipeline, record["id"], record["metadata"])
+            await self.read_text(pipeline, record["id"], record["metadata"])
         else:
             await self.keys(pipeline, record)
 
@@ -104,39 +119,44 @@ class MetadataReader:
         job = pipeline_job(pipeline)
         entries = [(task, entry) for task, handle in metadata.tasks.items() for entry in handle.files]
         # Every name stat-ed in one worker thread: a thread hop per file would cost more than the stat.
-        local = await asyncio.to_thread(
-            self._stat_all, [JobBlob(job, state_name(bytes.fromhex(e.key))) for _, e in entries]
-        )
-        for (task, entry), found in zip(entries, local, strict=True):
-            if found is not None:
-                size, digest = found
-            else:  # a new leader that has not fetched it yet
-                try:
-                    with await self.server.open_blob(JobBlob(job, state_name(bytes.fromhex(entry.key)))) as blob:
-                        size, digest = blob.size, blob.digest
-                except NotFound:
-                    raise NotFound(
-                        f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
-                        "is not on the server (discarded meanwhile?): not completed"
-                    ) from None
-            if digest.hex() != entry.key or size != entry.size:
-                raise DigestMismatch(
-                    f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
-                    "does not hold what its handle says: not completed"
-                )
-
-    def _stat_all(self, targets: list[JobBlob]) -> list[tuple[int, bytes] | None]:
-        """Size and digest of each name on the local disk, None where it has none."""
-        found: list[tuple[int, bytes] | None] = []
-        for target in targets:
+        for index in await asyncio.to_thread(self._check_local, job, entries, metadata.checkpoint_id):
+            task, entry = entries[index]  # a new leader that has not fetched it yet
             try:
-                found.append(self.server.storage.stat(target))
+                with await self.server.open_blob(JobBlob(job, state_name(bytes.fromhex(entry.key)))) as blob:
+                    _check_entry(metadata.checkpoint_id, task, entry, blob.size, blob.digest)
             except NotFound:
-                found.append(None)
-        return found
+                raise NotFound(
+                    f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
+                    "is not on the server (discarded meanwhile?): not completed"
+                ) from None
+
+    def _check_local(self, job: bytes, entries: list[tuple[str, FileEntry]], checkpoint_id: int) -> list[int]:
+        """Check each entry against the local disk; the indices of those it does not hold."""
+        missing = []
+        for index, (task, entry) in enumerate(entries):
+            try:
+                size, digest = self.server.storage.stat(JobBlob(job, state_name(bytes.fromhex(entry.key))))
+            except NotFound:
+                missing.append(index)
+                continue
+            _check_entry(checkpoint_id, task, entry, size, digest)
+        return missing
 
 
-def _read_checked(fd: int, size: int, key: str) -> bytes | None:
-    """The ``size`` bytes at ``fd``, None unless they are all there and hash to ``key``."""
+def _check_entry(checkpoint_id: int, task: str, entry: FileEntry, size: int, digest: bytes) -> None:
+    if digest.hex() != entry.key or size != entry.size:
+        raise DigestMismatch(
+            f"checkpoint {checkpoint_id}: task {task}'s state {entry.path or entry.key} "
+            "does not hold what its handle says: not completed"
+        )
+
+
+def _read_checked(fd: int, size: int, key: str) -> str | UnicodeDecodeError | None:
+    """The ``size`` bytes at ``fd`` as text; None unless they are all there and hash to ``key``."""
     raw = os.pread(fd, size, 0)
-    return raw if len(raw) == size and blake3.blake3(raw).hexdigest() == key else None
+    if len(raw) != size or blake3.blake3(raw).hexdigest() != key:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc
