@@ -4,8 +4,10 @@ what a client could forge: ids, epochs, metadata, holds (blobsvc/server/checkpoi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ import blobsvc.server.checkpoints as server_checkpoints
 import blobsvc.wire._checkpoints as wire
 from blobsvc import BlobClient
 from blobsvc._exceptions import BadRequest, Busy, Fenced, InvalidArgument, NotFound
+from blobsvc.config import Settings
 from blobsvc.ha.checkpoints import FileCheckpointRecords
 from blobsvc.wire._checkpoints import metadata_name, parse_metadata, pipeline_job, state_name
 from tests.conftest import ServerThread
@@ -298,3 +301,63 @@ def test_properties_shaped_like_file_entries_come_back_as_they_were() -> None:
     parsed = parse_metadata(json.dumps({**document, "properties": properties}).encode())
     assert parsed.properties == properties
     assert json.dumps(parsed.properties) == json.dumps(properties)
+
+
+def test_a_restarted_server_aborts_what_its_predecessor_left_pending(settings: Settings) -> None:
+    """The clock learns of pending checkpoints from the records, not only from its own triggers."""
+    running = ServerThread(settings).start()
+    try:
+        with BlobClient(running.address, retries=0) as client:
+            epoch = request(client, "register")["epoch"]
+            request(client, "trigger", epoch=epoch, timeout=1.5)
+    finally:
+        running.stop()
+    records = FileCheckpointRecords(Path(settings.data_dir) / "checkpoints")
+    assert len(records.pending("pipe")) == 1
+    running = ServerThread(settings).start()
+    try:
+        deadline = time.monotonic() + 10
+        while records.pending("pipe"):
+            assert time.monotonic() < deadline, "the restarted server never aborted it"
+            time.sleep(0.1)
+    finally:
+        running.stop()
+
+
+def test_metadata_is_parsed_off_the_event_loop_one_at_a_time(
+    client: BlobClient, server_thread: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two pipelines complete at once: their parses never overlap, and neither runs on the loop."""
+    seen: list[tuple[bool, int]] = []
+    active = [0]
+
+    def spied(raw: bytes) -> wire.Metadata:
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        active[0] += 1
+        seen.append((on_loop, active[0]))
+        time.sleep(0.2)
+        active[0] -= 1
+        return parse_metadata(raw)
+
+    monkeypatch.setattr(metadata_module, "parse_metadata", spied)
+    work = []
+    for pipeline in ("left", "right"):
+        epoch = request(client, "register", pipeline)["epoch"]
+        checkpoint_id = request(client, "trigger", pipeline, epoch=epoch, timeout=30)["id"]
+        work.append((pipeline, epoch, checkpoint_id, put_metadata(client, checkpoint_id, pipeline)))
+
+    def run(pipeline: str, epoch: int, checkpoint_id: int, key: str) -> None:
+        with BlobClient(server_thread.address, retries=0) as own:
+            complete(own, epoch, checkpoint_id, key, pipeline)
+
+    threads = [threading.Thread(target=run, args=args) for args in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert seen == [(False, 1), (False, 1)]
+    assert completed_ids(client, "left") == [work[0][2]] and completed_ids(client, "right") == [work[1][2]]

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -96,6 +97,10 @@ MAX_PENDING = 1_000  # per pipeline
 # How often the server aborts pending checkpoints past their deadline and drops expired holds:
 # a coordinator that died without a word leaves its checkpoint pending this long at most.
 TICK_SECONDS = 1.0
+# Every this many ticks the clock lists every pipeline the records have, not only those this
+# server saw triggered: a follower that became leader, or a restarted server, learns of the
+# checkpoints another left pending.
+LIST_EVERY_TICKS = 10
 # Requests of one pipeline that write take turns under its lock: one of this many, chosen by
 # the pipeline's name, so that names a client makes up cost no memory.
 LOCK_STRIPES = 64
@@ -135,8 +140,8 @@ class Checkpoints:
         self._stripes = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
         self._holds = Holds()
         self.metadata = MetadataReader(server)
-        # Pipelines that may have pending checkpoints: those the records had at start, and
-        # every one triggered since; the clock looks at these only.
+        # Pipelines that may have pending checkpoints: every one the records had when last
+        # listed, and every one triggered since; the clock looks at these only.
         self._pending_pipelines: set[str] = set()
         self._ticking: asyncio.Task[None] | None = None
         self.counts: collections.Counter[str] = collections.Counter()
@@ -153,11 +158,12 @@ class Checkpoints:
         self._ticking = asyncio.create_task(self._tick_forever())
 
     async def _tick_forever(self) -> None:
-        try:
-            self._pending_pipelines.update(await self._records_call(self.records.pipelines))
-        except BlobError as exc:  # a follower, or ZooKeeper away: the leader's clock does it
-            log.debug("checkpoints: pipelines not listed: %s", exc)
-        while True:
+        for ticks in itertools.count():
+            if ticks % LIST_EVERY_TICKS == 0:
+                try:
+                    self._pending_pipelines.update(await self._records_call(self.records.pipelines))
+                except BlobError as exc:  # ZooKeeper away: the next listing finds them
+                    log.debug("checkpoints: pipelines not listed: %s", exc)
             await asyncio.sleep(TICK_SECONDS)
             await self.tick()
 
