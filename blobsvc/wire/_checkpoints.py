@@ -56,7 +56,7 @@ METADATA_FORMAT = 1
 MAX_TASKS = 10_000
 MAX_FILES = 100_000
 # 100,000 files make 13.8 MiB of metadata with 30-byte paths, 16.7 MiB with 60-byte ones: 16
-# MiB holds 100,000 files whose paths average up to 55 bytes. Parsing costs the server about
+# MiB holds 100,000 files whose paths average up to 50 bytes. Parsing costs the server about
 # five times the blob's size at its peak (benchmarks/RESULTS.md), so this bounds its memory.
 MAX_METADATA_BYTES = 16 << 20
 # JSON values a metadata blob may hold, counted before it is parsed: a file entry is about
