@@ -242,7 +242,7 @@ def test_metadata_over_the_cap_is_refused_from_its_size(client: BlobClient, monk
     key = put_metadata(client, checkpoint_id)
     monkeypatch.setattr(metadata_module, "MAX_METADATA_BYTES", 100)
     read: list[int] = []
-    monkeypatch.setattr(metadata_module, "_read_checked", lambda *args: read.append(1))
+    monkeypatch.setattr(metadata_module, "_read", lambda *args: read.append(1))
     with pytest.raises(BadRequest, match="over the limit of 100"):
         complete(client, epoch, checkpoint_id, key)
     assert read == []

@@ -357,6 +357,7 @@ class Checkpoints:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+        self.metadata.close()
 
     async def _subsume(self, pipeline: str, epoch: int, retain: int) -> list[int]:
         """Remove the oldest checkpoints beyond ``retain`` (savepoints never), as the writer."""
