@@ -361,3 +361,15 @@ def test_metadata_is_parsed_off_the_event_loop_one_at_a_time(
         thread.join(30)
     assert seen == [(False, 1), (False, 1)]
     assert completed_ids(client, "left") == [work[0][2]] and completed_ids(client, "right") == [work[1][2]]
+
+
+def test_a_checkpoint_triggered_under_another_epoch_is_fenced(
+    client: BlobClient, server_thread: ServerThread, settings: Settings
+) -> None:
+    """A registration whose server died before it forgot the older coordinator's pending
+    checkpoints (written here straight into the records): the new writer cannot complete them."""
+    old = request(client, "register")["epoch"]
+    checkpoint_id = request(client, "trigger", epoch=old, timeout=30)["id"]
+    new = FileCheckpointRecords(Path(settings.data_dir) / "checkpoints").register("pipe")
+    with pytest.raises(Fenced, match="triggered by another coordinator"):
+        complete(client, new, checkpoint_id, put_metadata(client, checkpoint_id))
