@@ -373,3 +373,13 @@ def test_a_checkpoint_triggered_under_another_epoch_is_fenced(
     new = FileCheckpointRecords(Path(settings.data_dir) / "checkpoints").register("pipe")
     with pytest.raises(Fenced, match="triggered by another coordinator"):
         complete(client, new, checkpoint_id, put_metadata(client, checkpoint_id))
+
+
+def test_a_completion_retried_with_its_metadata_answers_its_record_and_nothing_else_does(client: BlobClient) -> None:
+    epoch = request(client, "register")["epoch"]
+    checkpoint_id = request(client, "trigger", epoch=epoch, timeout=30)["id"]
+    key = put_metadata(client, checkpoint_id)
+    first = complete(client, epoch, checkpoint_id, key)
+    assert complete(client, epoch, checkpoint_id, key)["record"] == first["record"]  # an answer lost, retried
+    with pytest.raises(NotFound, match="no pending checkpoint"):
+        complete(client, epoch, checkpoint_id, "0" * 64)
