@@ -383,3 +383,39 @@ def test_a_completion_retried_with_its_metadata_answers_its_record_and_nothing_e
     assert complete(client, epoch, checkpoint_id, key)["record"] == first["record"]  # an answer lost, retried
     with pytest.raises(NotFound, match="no pending checkpoint"):
         complete(client, epoch, checkpoint_id, "0" * 64)
+
+
+def test_the_clock_never_waits_for_a_pipelines_request_under_way(
+    client: BlobClient, server_thread: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A completion that holds its pipeline for seconds (its parse made slow here) does not hold
+    up the deadline of another pipeline, which the clock visits after it."""
+    checkpoints = server_thread.server.checkpoints
+    slow = "a-slow"
+    quick = next(f"b-quick-{n}" for n in range(100) if checkpoints._lock(f"b-quick-{n}") is not checkpoints._lock(slow))
+    parsing, parsed = threading.Event(), threading.Event()
+
+    def slowly(raw: bytes) -> wire.Metadata:
+        parsing.set()
+        time.sleep(4)
+        parsed.set()
+        return parse_metadata(raw)
+
+    epoch = request(client, "register", slow)["epoch"]
+    checkpoint_id = request(client, "trigger", slow, epoch=epoch, timeout=60)["id"]
+    key = put_metadata(client, checkpoint_id, slow)
+    request(client, "trigger", quick, epoch=request(client, "register", quick)["epoch"], timeout=0.2)
+    monkeypatch.setattr(metadata_module, "parse_metadata", slowly)
+
+    def run() -> None:
+        with BlobClient(server_thread.address, retries=0) as own:
+            complete(own, epoch, checkpoint_id, key, slow)
+
+    completing = threading.Thread(target=run)
+    completing.start()
+    assert parsing.wait(10)
+    while client.status()["checkpoints_aborted"] == 0:
+        assert completing.is_alive()
+        time.sleep(0.05)
+    assert not parsed.is_set(), "the clock waited for the slow pipeline's completion"
+    completing.join(30)
