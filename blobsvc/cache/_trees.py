@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
+import stat
 from pathlib import Path
 
 from ._lock import FileLock
+from ._walk import DIR_FLAGS, walk
 
 __all__ = ["ENVIRONMENT_SUFFIX", "TEMP_PREFIX", "lock", "read_record", "remove", "remove_all", "sizes", "write_record"]
 
@@ -65,9 +66,10 @@ def sizes(root: Path) -> dict[str, int]:
 
 
 def remove(root: Path, name: str) -> None:
-    """Remove a tree and its record; the caller holds the tree's lock."""
-    _record(root, name).unlink(missing_ok=True)  # first: a tree without a record is unpacked again
+    """Remove a tree, then its record (so a tree cut short by a crash still counts its bytes,
+    and is removed again at the next eviction or unpack); the caller holds the tree's lock."""
     remove_unpacked(root / name)
+    _record(root, name).unlink(missing_ok=True)
 
 
 def remove_all(root: Path, key: str) -> bool:
@@ -90,12 +92,24 @@ def remove_all(root: Path, key: str) -> bool:
 
 
 def remove_unpacked(tree: Path) -> None:
-    """Remove a (read-only) unpacked tree; what is gone already is fine. Its directories are
-    made writable through their own descriptors, so no link in the tree is ever followed."""
-    if not tree.is_dir() or tree.is_symlink():
-        return
+    """Remove a (read-only) unpacked tree, however deep; what is gone already is fine. Its
+    directories are made writable through their own descriptors before they are listed (one
+    without even search permission is given it first), and no link in it is ever followed."""
     with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISDIR(os.lstat(tree).st_mode):
+            return
         os.chmod(tree, 0o700)
-        for _, _, _, fd in os.fwalk(tree):  # follows no link, top-down: each made writable before its children
-            os.fchmod(fd, 0o700)
-    shutil.rmtree(tree, ignore_errors=True)
+        fd = os.open(tree, DIR_FLAGS)
+        try:
+            walk(fd, enter=_writable, other=_unlink, remove=True)
+        finally:
+            os.close(fd)
+        os.rmdir(tree)
+
+
+def _writable(fd: int) -> None:
+    os.fchmod(fd, 0o700)
+
+
+def _unlink(fd: int, name: str) -> None:
+    os.unlink(name, dir_fd=fd)
