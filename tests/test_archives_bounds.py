@@ -3,6 +3,7 @@ a process of its own), depth, blocks on disk, and the errors a malformed member 
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import subprocess
@@ -13,10 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.agent import run_agent
+from blobsvc import BlobClient
 from blobsvc.cache._archives import ArchiveTooLarge, UnsafeArchive, unpack
 from blobsvc.cache._extract import BLOCK, MAX_DEPTH, MAX_HEADER_BYTES
 from blobsvc.cache._trees import remove_unpacked
 
+from blobsvc.http import python_path
+
+from .conftest import ServerThread
 from .hostile_archives import build_tar, build_zip
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,7 +50,7 @@ def _old_sparse(path: Path) -> Path:
     header[148:156] = b"%06o\0 " % sum(header[:512])
     block = bytearray(512)
     block[504] = 1  # another one follows
-    with open(path, "wb") as out:
+    with gzip.open(path, "wb") as out:
         out.write(bytes(header[:512]) + bytes(block) * 20_000 + bytes(1024))
     return path
 
@@ -71,8 +77,8 @@ def _long_names(path: Path) -> Path:
     one.type = tarfile.GNUTYPE_LONGNAME
     one.size = len(name)
     block = one.tobuf(format=tarfile.GNU_FORMAT) + name + bytes(-len(name) % 512)
-    with open(path, "wb") as out:
-        out.write(block * 40 + tarfile.TarInfo("f").tobuf(format=tarfile.GNU_FORMAT) + bytes(1024))
+    with gzip.open(path, "wb") as out:
+        out.write(block * 80 + tarfile.TarInfo("f").tobuf(format=tarfile.GNU_FORMAT) + bytes(1024))
     return path
 
 
@@ -82,15 +88,16 @@ def _zip_link(path: Path) -> Path:
         info = zipfile.ZipInfo("link")
         info.create_system = 3
         info.external_attr = 0o120777 << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
         out.writestr(info, b"a" * (64 << 20))
     return path
 
 
 CRAFTED = {
     "gnu-sparse-1.0-map": (_sparse_10, "tar.gz", "sparse"),
-    "old-gnu-sparse-extension-blocks": (_old_sparse, "tar", "sparse"),
+    "old-gnu-sparse-extension-blocks": (_old_sparse, "tar.gz", "sparse"),
     "pax-global-headers": (_globals, "tar.gz", "global headers pass"),
-    "gnu-long-name-chain": (_long_names, "tar", "headers pass"),
+    "gnu-long-name-chain": (_long_names, "tar.gz", "headers pass"),
     "zip-symlink-with-a-huge-target": (_zip_link, "zip", "target longer than 4095"),
 }
 
@@ -192,3 +199,37 @@ def test_a_pax_record_at_the_bound_is_read(tmp_path: Path) -> None:
         info.pax_headers = {"comment": "x" * (MAX_HEADER_BYTES - 600)}
         out.addfile(info, io.BytesIO(b""))
     assert (unpack(tmp_path / "u", "k", path, "tar") / "f").exists()
+
+
+def _peak(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_the_agent_answers_each_crafted_archive_with_one_line_4xx_within_its_memory_bound(
+    server_thread: ServerThread, tmp_path: Path
+) -> None:
+    """Through the agent's HTTP face: each crafted archive, a member too deep, and an environment
+    without bin/python as deep as allowed (found useless and removed): a one-line 4xx naming the
+    problem, the agent's peak memory within the bound, no traceback in its log."""
+    deep = "/".join(["d"] * MAX_DEPTH)
+    cases = {
+        **{craft: (make, suffix, words) for craft, (make, suffix, words) in CRAFTED.items()},
+        "too-deep": (lambda p: build_tar(p, [("file", deep + "/f", b"")]), "tar", "deeper than"),
+        "deep-without-python": (lambda p: build_tar(p, [("file", deep, b"")]), "tar", "no bin/python"),
+    }
+    with BlobClient(server_thread.address, timeout=10) as client, run_agent(server_thread.address, tmp_path / "c") as agent:
+        before = _peak(agent.process.pid)
+        for case, (make, suffix, words) in cases.items():
+            key = client.put(make(tmp_path / f"{case}.{suffix}"))
+            status, body = agent.get(python_path(key, f"{case}.{suffix}", "env-python"))
+            assert status == 400 and words.encode() in body and body.count(b"\n") == 1, (case, status, body)
+        grown = _peak(agent.process.pid) - before
+        assert [p.name for p in (agent.cache_dir / "unpacked").iterdir()] == [], "no tree left"
+        agent.kill()
+    assert agent.process.stderr is not None
+    logged = agent.process.stderr.read()
+    assert "Traceback" not in logged, logged
+    assert grown < MEMORY_BOUND, f"the agent grew by {grown >> 20} MiB"

@@ -243,8 +243,10 @@ class _BoundedTarInfo(tarfile.TarInfo):
             tar._blobsvc_global_bytes = total  # type: ignore[attr-defined]
         return super()._proc_pax(tar)  # type: ignore[misc,no-any-return]
 
-    def _sparse(self, *_: object) -> tarfile.TarInfo:
-        raise UnsafeArchive(f"member {self.name!r} is a sparse file, which blobsvc does not unpack")
+    def _sparse(self, *args: object) -> tarfile.TarInfo:
+        # A pax map's member is the header after this one (the first argument), an old one's is this.
+        name = args[0].name if isinstance(args[0], tarfile.TarInfo) else self.name
+        raise UnsafeArchive(f"member {name[:80]!r} is a sparse file, which blobsvc does not unpack")
 
     _proc_sparse = _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _sparse
 

@@ -15,6 +15,7 @@ the cache's total and removes an archive's trees with it) read this layout from 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 from pathlib import Path
@@ -25,6 +26,8 @@ from ._walk import DIR_FLAGS, walk
 __all__ = ["ENVIRONMENT_SUFFIX", "TEMP_PREFIX", "lock", "read_record", "remove", "remove_all", "sizes", "write_record"]
 
 # An environment's tree is <key>.env, apart from the same archive unpacked by the default rules.
+log = logging.getLogger(__name__)
+
 ENVIRONMENT_SUFFIX = ".env"
 TEMP_PREFIX = ".unpacking-"
 
@@ -74,7 +77,7 @@ def remove(root: Path, name: str) -> None:
 
 def remove_all(root: Path, key: str) -> bool:
     """Remove every tree of ``key`` (and their locks) unless one is being unpacked or removed
-    right now: then nothing, and False."""
+    right now, or cannot be removed (said in the log): then False."""
     held: list[FileLock] = []
     try:
         for name in (key, key + ENVIRONMENT_SUFFIX):
@@ -83,7 +86,11 @@ def remove_all(root: Path, key: str) -> bool:
                 return False
             held.append(tree_lock)
         for name, tree_lock in zip((key, key + ENVIRONMENT_SUFFIX), held, strict=True):
-            remove(root, name)
+            try:
+                remove(root, name)
+            except OSError as exc:  # its record stays: what is left still counts, and goes next time
+                log.warning("could not remove the unpacked tree %s: %s", root / name, exc)
+                return False
             tree_lock.unlink()
         return True
     finally:
