@@ -16,6 +16,7 @@ import pytest
 
 from benchmarks.harness.agent import run_agent
 from blobsvc import BlobClient
+from blobsvc.cache import _extract, _trees
 from blobsvc.cache._archives import ArchiveTooLarge, UnsafeArchive, unpack
 from blobsvc.cache._extract import BLOCK, MAX_DEPTH, MAX_HEADER_BYTES
 from blobsvc.cache._trees import remove_unpacked
@@ -220,7 +221,10 @@ def test_the_agent_answers_each_crafted_archive_with_one_line_4xx_within_its_mem
         "too-deep": (lambda p: build_tar(p, [("file", deep + "/f", b"")]), "tar", "deeper than"),
         "deep-without-python": (lambda p: build_tar(p, [("file", deep, b"")]), "tar", "no bin/python"),
     }
-    with BlobClient(server_thread.address, timeout=10) as client, run_agent(server_thread.address, tmp_path / "c") as agent:
+    with (
+        BlobClient(server_thread.address, timeout=10) as client,
+        run_agent(server_thread.address, tmp_path / "c") as agent,
+    ):
         before = _peak(agent.process.pid)
         for case, (make, suffix, words) in cases.items():
             key = client.put(make(tmp_path / f"{case}.{suffix}"))
@@ -233,3 +237,41 @@ def test_the_agent_answers_each_crafted_archive_with_one_line_4xx_within_its_mem
     logged = agent.process.stderr.read()
     assert "Traceback" not in logged, logged
     assert grown < MEMORY_BOUND, f"the agent grew by {grown >> 20} MiB"
+
+
+def test_the_names_kept_and_a_zips_directory_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bounds, lowered so that a small archive passes them."""
+    monkeypatch.setattr(_extract, "MAX_NAME_BYTES", 1000)
+    names = build_tar(tmp_path / "names.tar", [("file", f"{i:0100d}", b"") for i in range(11)])
+    with pytest.raises(ArchiveTooLarge, match="names pass 1000 bytes"):
+        unpack(tmp_path / "u", "k", names, "tar")
+    with pytest.raises(ArchiveTooLarge, match="lists 11 members, more than the 10"):
+        unpack(
+            tmp_path / "u",
+            "m",
+            build_zip(tmp_path / "m.zip", [("file", f"{i}", b"") for i in range(11)]),
+            "zip",
+            max_members=10,
+        )
+    monkeypatch.setattr(_extract, "MAX_ZIP_DIRECTORY", 1000)
+    listing = build_zip(tmp_path / "listing.zip", [("file", f"{i:0100d}", b"") for i in range(11)])
+    with pytest.raises(ArchiveTooLarge, match="central directory passes 1000 bytes"):
+        unpack(tmp_path / "u", "z", listing, "zip")
+
+
+def test_a_tree_whose_removal_fails_keeps_its_record_and_is_not_evicted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A removal that fails (faked: root may remove anything its own process made) leaves the
+    tree's record, so what is left still counts, and the next removal finishes it."""
+    root = tmp_path / "u"
+    tree = unpack(root, "k", build_tar(tmp_path / "a.tar", [("file", "d/f", b"x")]), "tar")
+
+    def fails(path: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(_trees, "remove_unpacked", fails)
+    assert not _trees.remove_all(root, "k")
+    assert _trees.sizes(root) == {"k": 1 + BLOCK}, "still counted"
+    monkeypatch.undo()
+    assert _trees.remove_all(root, "k") and not tree.exists() and _trees.sizes(root) == {}

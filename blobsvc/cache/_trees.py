@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 
 from ._lock import FileLock
-from ._walk import DIR_FLAGS, walk
+from ._walk import DIR_FLAGS, empty
 
 __all__ = ["ENVIRONMENT_SUFFIX", "TEMP_PREFIX", "lock", "read_record", "remove", "remove_all", "sizes", "write_record"]
 
@@ -108,15 +108,7 @@ def remove_unpacked(tree: Path) -> None:
         os.chmod(tree, 0o700)
         fd = os.open(tree, DIR_FLAGS)
         try:
-            walk(fd, enter=_writable, other=_unlink, remove=True)
+            empty(fd)
         finally:
             os.close(fd)
         os.rmdir(tree)
-
-
-def _writable(fd: int) -> None:
-    os.fchmod(fd, 0o700)
-
-
-def _unlink(fd: int, name: str) -> None:
-    os.unlink(name, dir_fd=fd)

@@ -5,7 +5,7 @@ parent, holding one descriptor at a time (so a tree thousands of directories dee
 neither Python's stack nor thousands of open files): it goes down by name with
 ``O_NOFOLLOW | O_DIRECTORY`` and back up by ``..``, which is never a link. Each directory is
 listed once; the names still to visit are kept on an explicit stack. Used to seal a tree
-read-only after unpacking (:mod:`._extract`) and to remove one (:mod:`._trees`).
+read-only after unpacking (:mod:`._extract`) and to empty one (:func:`empty`, for :mod:`._trees`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-__all__ = ["DIR_FLAGS", "walk"]
+__all__ = ["DIR_FLAGS", "empty", "walk"]
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -82,3 +82,17 @@ def _list(fd: int, enter: Callable[[int], None] | None, other: Callable[[int, st
             elif other is not None:
                 other(fd, entry.name)
     return directories
+
+
+def empty(top: int) -> None:
+    """Remove everything under ``top`` (a descriptor, left open), each directory made
+    writable through its own descriptor before it is listed."""
+    walk(top, enter=_writable, other=_unlink, remove=True)
+
+
+def _writable(fd: int) -> None:
+    os.fchmod(fd, 0o700)
+
+
+def _unlink(fd: int, name: str) -> None:
+    os.unlink(name, dir_fd=fd)
