@@ -102,9 +102,11 @@ CRAFTED = {
     "zip-symlink-with-a-huge-target": (_zip_link, "zip", "target longer than 4095"),
 }
 
+# An executor's process: a BlobCache (no server needed to unpack), unpacking as resolve() does.
 _PEAK = """
 import sys
 from pathlib import Path
+from blobsvc import BlobCache
 from blobsvc.cache._archives import UnsafeArchive, unpack
 
 def peak():
@@ -112,17 +114,20 @@ def peak():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
 
+cache = BlobCache("127.0.0.1:1", sys.argv[2], max_bytes=1 << 30)
 before = peak()
 try:
-    unpack(Path(sys.argv[2]), "k", Path(sys.argv[1]), sys.argv[3], max_bytes=1 << 30)
+    unpack(cache.store.unpacked_dir, "k", Path(sys.argv[1]), sys.argv[3], max_bytes=cache.max_bytes, store=cache.store)
 except UnsafeArchive as exc:
     print(peak() - before, exc, sep="\\n")
+cache.close()
 """
 
 
 @pytest.mark.parametrize("craft", list(CRAFTED))
 def test_a_crafted_archive_is_refused_within_the_memory_bound(tmp_path: Path, craft: str) -> None:
-    """Peak memory (VmHWM) of a process that unpacks it, over what it had before."""
+    """Peak memory (VmHWM) of an executor's process (a BlobCache) that unpacks it, over what
+    it had before."""
     make, suffix, words = CRAFTED[craft]
     archive = make(tmp_path / f"crafted.{suffix}")
     kind = "zip" if suffix == "zip" else "tar"
