@@ -20,7 +20,6 @@ from blobsvc.cache import _extract, _trees
 from blobsvc.cache._archives import ArchiveTooLarge, UnsafeArchive, unpack
 from blobsvc.cache._extract import BLOCK, MAX_DEPTH, MAX_HEADER_BYTES
 from blobsvc.cache._trees import remove_unpacked
-
 from blobsvc.http import python_path
 
 from .conftest import ServerThread
