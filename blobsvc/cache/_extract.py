@@ -86,6 +86,9 @@ MAX_DEPTH = 1024
 MAX_NAME_BYTES = 16 << 20
 # The largest zip central directory read (zipfile reads it whole, and keeps every entry).
 MAX_ZIP_DIRECTORY = 8 << 20
+# How many directories' descriptors an unpack keeps open (venv-pack lists a directory's
+# members together, and a deep tree's members share their directories).
+_OPEN_DIRS = 64
 # What a directory or a link counts against the tree's bytes: a block of the usual file systems.
 BLOCK = 4096
 _NAME_MAX = 255
@@ -134,8 +137,8 @@ def extract(
     module's rules, leaving it read-only; the bytes of its files. UnsafeArchive (or
     ArchiveTooLarge) when refused."""
     fd = os.open(dest, _DIR_FLAGS)
+    tree = _Tree(fd, environment, max_bytes, max_members)
     try:
-        tree = _Tree(fd, environment, max_bytes, max_members)
         try:
             with _members(archive, kind, max_members) as members:
                 for member in members:
@@ -145,6 +148,7 @@ def extract(
         tree.finish()
         return tree.written
     finally:
+        tree.close()
         os.close(fd)
 
 
@@ -379,6 +383,7 @@ class _Tree:
         self.symlinks: list[tuple[list[str], str]] = []
         self.current = ""  # the member being added, as the archive names it
         self.name_bytes = 0  # of the names kept above
+        self.open_dirs: dict[str, int] = {}  # descriptors of directories, by name, oldest used first
 
     def _keep(self, name: str) -> None:
         """Count a name kept in memory (and, for one made, its block on disk)."""
@@ -392,6 +397,7 @@ class _Tree:
             raise self._too_large()
 
     def add(self, member: _Member) -> None:
+        self._trim()
         self.current = member.name
         self.members += 1
         if self.members > self.max_members:
@@ -416,47 +422,59 @@ class _Tree:
         if held is not None:  # a directory made for earlier members
             raise UnsafeArchive(f"member {member.name!r} would replace the directory {name!r}")
         if member.kind == "symlink":
-            with self._directory(parts[:-1], create=True):  # its directory now, the link last
-                pass
+            self._directory(parts[:-1], create=True)  # its directory now, the link last
             _check_symlink(member.name, parts, member.target, self.environment)
             self._keep(member.target)
             self._count_block()
             self.kinds[name] = "link"
             self.symlinks.append((parts, member.target))
             return
-        with self._directory(parts[:-1], create=True) as parent:
-            if member.kind == "dir":
-                self._count_block()
-                os.mkdir(parts[-1], 0o700, dir_fd=parent)
-                self.kinds[name] = "dir"
-                self.dirs[name] = member.mtime
-            elif member.kind == "hardlink":
-                self._hard_link(member, parts[-1], parent)
-                self.kinds[name] = "file"
-            else:
-                if replaces:
-                    os.unlink(parts[-1], dir_fd=parent)  # a file of ours: unlinking follows nothing
-                self._write(member, parts[-1], parent)
-                self.kinds[name] = "file"
+        parent = self._directory(parts[:-1], create=True)
+        if member.kind == "dir":
+            self._count_block()
+            os.mkdir(parts[-1], 0o700, dir_fd=parent)
+            self.kinds[name] = "dir"
+            self.dirs[name] = member.mtime
+        elif member.kind == "hardlink":
+            self._hard_link(member, parts[-1], parent)
+            self.kinds[name] = "file"
+        else:
+            if replaces:
+                os.unlink(parts[-1], dir_fd=parent)  # a file of ours: unlinking follows nothing
+            self._write(member, parts[-1], parent)
+            self.kinds[name] = "file"
 
-    def _check_parents(self, parts: list[str]) -> None:
-        """Refuse ``parts`` (a directory to make) when it or one above it is a link or a file."""
-        for prefix in _prefixes(parts):
+    def _check_parents(self, prefixes: list[str]) -> None:
+        """Refuse the directories ``prefixes`` (to make) when one is a link or a file."""
+        for prefix in prefixes:
             held = self.kinds.get(prefix)
             if held == "link":
                 raise UnsafeArchive(f"member {self.current!r} would be written through the link {prefix!r}")
             if held == "file":
                 raise UnsafeArchive(f"member {self.current!r} lies under the file {prefix!r}")
 
-    @contextlib.contextmanager
-    def _directory(self, parts: list[str], *, create: bool = False) -> Iterator[int]:
-        """A descriptor of the tree's directory ``parts``, reached without following any link;
-        with ``create``, the directories missing are made (0700 until :meth:`finish`)."""
+    def _directory(self, parts: list[str], *, create: bool = False) -> int:
+        """A descriptor of the tree's directory ``parts``, reached without following any link,
+        from the deepest directory above it whose descriptor is kept (so a member costs the
+        directories it adds, not its depth); with ``create``, the directories missing are made
+        (0700 until :meth:`finish`). The descriptor is kept, and closed by the tree."""
+        key = "/".join(parts)
+        if key in self.open_dirs:  # checked and made when it was opened: nothing has changed it since
+            self.open_dirs[key] = self.open_dirs.pop(key)  # the most recently used, kept longest
+            return self.open_dirs[key]
+        start, cut, base = 0, len(key), ""
+        for depth in range(len(parts) - 1, 0, -1):  # the deepest kept above it, checked when opened
+            cut = key.rindex("/", 0, cut)
+            if key[:cut] in self.open_dirs:
+                start, base = depth, key[:cut]
+                break
+        prefixes = [f"{base}/{prefix}" if base else prefix for prefix in _prefixes(parts[start:])]
         if create:
-            self._check_parents(parts)
-        fd = self.fd
+            self._check_parents(prefixes)
+        fd = self.open_dirs[base] if start else self.fd
+        kept = True  # fd is the tree's or a kept one, not ours to close
         try:
-            for part, prefix in zip(parts, _prefixes(parts), strict=True):
+            for part, prefix in zip(parts[start:], prefixes, strict=True):
                 if create and prefix not in self.kinds:
                     self._keep(prefix)
                     self._count_block()
@@ -467,13 +485,26 @@ class _Tree:
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:  # ELOOP, ENOTDIR: a link or a file where a directory must be
                     raise UnsafeArchive(f"{prefix!r} is not a directory of the tree: {exc.strerror}") from None
-                if fd != self.fd:
+                if not kept:
                     os.close(fd)
-                fd = child
-            yield fd
-        finally:
-            if fd != self.fd:
+                fd, kept = child, False
+        except BaseException:
+            if not kept:
                 os.close(fd)
+            raise
+        if not kept:
+            self.open_dirs[key] = fd
+        return fd
+
+    def _trim(self) -> None:
+        """Close the least recently used descriptors past _OPEN_DIRS; only between members, so
+        none a member is using."""
+        while len(self.open_dirs) > _OPEN_DIRS:
+            os.close(self.open_dirs.pop(next(iter(self.open_dirs))))
+
+    def close(self) -> None:
+        while self.open_dirs:
+            os.close(self.open_dirs.popitem()[1])
 
     def _write(self, member: _Member, base: str, parent: int) -> None:
         if self.written + member.size > self.max_bytes:
@@ -508,14 +539,14 @@ class _Tree:
             raise UnsafeArchive(f"link {member.name!r} points outside the directory ({member.target!r})") from None
         if not target or self.kinds.get("/".join(target)) != "file":
             raise UnsafeArchive(f"link {member.name!r} points to {member.target!r}, no file unpacked before it")
-        with self._directory(target[:-1]) as source:
-            os.link(target[-1], base, src_dir_fd=source, dst_dir_fd=parent, follow_symlinks=False)
+        source = self._directory(target[:-1])
+        os.link(target[-1], base, src_dir_fd=source, dst_dir_fd=parent, follow_symlinks=False)
 
     def finish(self) -> None:
         """Make the symbolic links, then every directory read-only (the deepest first)."""
         for parts, target in self.symlinks:
-            with self._directory(parts[:-1], create=True) as parent:
-                os.symlink(target, parts[-1], dir_fd=parent)
+            self._trim()
+            os.symlink(target, parts[-1], dir_fd=self._directory(parts[:-1], create=True))
         walk(self.fd, leave=self._seal)
 
     def _seal(self, fd: int, path: list[str]) -> None:
