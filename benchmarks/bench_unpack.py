@@ -10,7 +10,7 @@ is removed (untimed) before the next.
 Prints one JSON object per measurement and a summary with the ratio of the medians; exits 1
 when it is over ``--max-ratio``.
 
-    .venv/bin/python benchmarks/bench_unpack.py [--size-mib 160] [--repeat 3] [--base main]
+    .venv/bin/python benchmarks/bench_unpack.py [--size-mib 160] [--repeat 3] [--base main] [--quick]
 """
 
 from __future__ import annotations
@@ -58,12 +58,12 @@ def environment(path: Path, size: int) -> Path:
     return path
 
 
-def baseline(base: str) -> types.ModuleType:
-    """``blobsvc/cache/_extract.py`` as it is on ``base``."""
+def baseline(base: str, directory: Path) -> types.ModuleType:
+    """``blobsvc/cache/_extract.py`` as it is on ``base``, written into ``directory``."""
     code = subprocess.run(
         ["git", "-C", str(REPO), "show", f"{base}:blobsvc/cache/_extract.py"], capture_output=True, check=True
     ).stdout
-    path = Path(tempfile.mkdtemp(prefix="bench-unpack-base-")) / "_extract.py"
+    path = directory / "_extract_base.py"
     path.write_bytes(code)
     spec = importlib.util.spec_from_file_location("blobsvc.cache._extract_base", path)
     assert spec is not None and spec.loader is not None
@@ -91,11 +91,14 @@ def main() -> int:
     parser.add_argument("--base", default="main", help="The commit whose unpacker is the baseline.")
     parser.add_argument("--max-ratio", type=float, default=1.1)
     parser.add_argument("--dir", type=Path, default=None, help="Where the archive and the trees go.")
+    parser.add_argument("--quick", action="store_true", help="4 MiB once, no target: that it runs.")
     args = parser.parse_args()
-    unpackers = {"base": baseline(args.base).extract, "this": _extract.extract}
-    times: dict[str, list[float]] = {name: [] for name in unpackers}
-    cpus: dict[str, list[float]] = {name: [] for name in unpackers}
+    if args.quick:
+        args.size_mib, args.repeat, args.max_ratio = 4, 1, float("inf")
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-unpack-") as work:
+        unpackers = {"base": baseline(args.base, Path(work)).extract, "this": _extract.extract}
+        times: dict[str, list[float]] = {name: [] for name in unpackers}
+        cpus: dict[str, list[float]] = {name: [] for name in unpackers}
         archive = environment(Path(work) / "env.tar.gz", args.size_mib << 20)
         archive_bytes = archive.stat().st_size
         for round_ in range(args.repeat):
