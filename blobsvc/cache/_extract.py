@@ -31,9 +31,9 @@ resolving a path (``realpath``), which links and long paths can defeat:
   its bytes, a directory or a link ``BLOCK`` bytes (what it takes on disk); the bytes are
   counted as they are written, and a member whose size would pass the bound is refused before
   its first byte. A member's name has at most ``MAX_DEPTH`` components.
-* **Bounds in memory,** whatever the archive claims: the headers tarfile reads for one member
-  (pax records, GNU long names and links, chained as they may be) total at most
-  ``MAX_HEADER_BYTES`` in at most ``_MAX_HEADER_READS`` reads, and the archive's pax global
+* **Bounds in memory,** whatever the archive claims: tarfile reads at most
+  ``_MAX_HEADER_READS`` headers for one member, and their pax records and GNU long names and
+  links (chained as they may be) total at most ``MAX_HEADER_BYTES``, and the archive's pax global
   headers at most ``MAX_HEADER_BYTES`` in all; sparse members are refused before their map is
   read (no Python environment holds one); a link's target is at most ``PATH_MAX`` bytes, a
   zip's central directory (names, extra fields, comments) at most ``MAX_ZIP_DIRECTORY`` bytes
