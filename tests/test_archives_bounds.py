@@ -267,7 +267,8 @@ def test_a_tree_whose_removal_fails_keeps_its_record_and_is_not_evicted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A removal that fails (faked: root may remove anything its own process made) leaves the
-    tree's record, so what is left still counts, and the next removal finishes it."""
+    tree set aside with its record, so no one uses what is left and it still counts; the next
+    removal finishes it."""
     root = tmp_path / "u"
     tree = unpack(root, "k", build_tar(tmp_path / "a.tar", [("file", "d/f", b"x")]), "tar")
 
@@ -276,6 +277,7 @@ def test_a_tree_whose_removal_fails_keeps_its_record_and_is_not_evicted(
 
     monkeypatch.setattr(_trees, "remove_unpacked", fails)
     assert not _trees.remove_all(root, "k")
-    assert _trees.sizes(root) == {"k": 1 + BLOCK}, "still counted"
+    assert not tree.exists(), "set aside: never taken for a tree unpacked"
+    assert _trees.sizes(root) == {"k": 1 + BLOCK}, "what is left still counted"
     monkeypatch.undo()
-    assert _trees.remove_all(root, "k") and not tree.exists() and _trees.sizes(root) == {}
+    assert _trees.remove_all(root, "k") and list(root.iterdir()) == [] and _trees.sizes(root) == {}

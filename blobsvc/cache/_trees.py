@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -58,20 +59,29 @@ def write_record(root: Path, name: str, boot: str, size: int) -> None:
 def sizes(root: Path) -> dict[str, int]:
     """The bytes of every archive's trees, by the archive's key."""
     found: dict[str, int] = {}
+    names: set[str] = set()
     with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
-        for entry in entries:
-            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
-                continue
-            record = read_record(root, entry.name)
-            key = entry.name.removesuffix(ENVIRONMENT_SUFFIX)
-            found[key] = found.get(key, 0) + (record[1] if record else 0)
+        names = {entry.name for entry in entries if entry.is_dir(follow_symlinks=False)}
+    # A tree's leftover (set aside by a removal cut short) counts its tree's record; a tree
+    # being unpacked has none yet.
+    counted = {name for name in names if not name.startswith(".")}
+    counted |= {name[len(TEMP_PREFIX) :].rpartition("-")[0] for name in names if name.startswith(TEMP_PREFIX)}
+    for name in counted:
+        record = read_record(root, name)
+        key = name.removesuffix(ENVIRONMENT_SUFFIX)
+        found[key] = found.get(key, 0) + (record[1] if record else 0)
     return found
 
 
 def remove(root: Path, name: str) -> None:
-    """Remove a tree, then its record (so a tree cut short by a crash still counts its bytes,
-    and is removed again at the next eviction or unpack); the caller holds the tree's lock."""
-    remove_unpacked(root / name)
+    """Remove a tree, and what an earlier removal or unpack of it left, then its record; the
+    caller holds the tree's lock. The tree is first renamed aside, so no process takes a tree
+    half removed for one unpacked; its record goes last, so a removal cut short (a crash, an
+    error) still counts what it left, which the next eviction or unpack removes."""
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(root / name, root / f"{TEMP_PREFIX}{name}-{secrets.token_hex(4)}")
+    for leftover in root.glob(f"{TEMP_PREFIX}{name}-*"):
+        remove_unpacked(leftover)
     _record(root, name).unlink(missing_ok=True)
 
 
