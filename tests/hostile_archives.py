@@ -214,6 +214,16 @@ def check_all(extract: Callable[..., None], refusal: type[Exception], base: Path
             st = os.lstat(os.path.join(parent, name))
             if st.st_uid != os.geteuid() or (not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o7222):
                 problems.append(f"{parent}/{name}: mode {st.st_mode:o}, owner {st.st_uid}")
+    os.chmod(tree / "lib64", 0)  # neither read nor search, which binds all but root
+    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        importlib.import_module("blobsvc.cache._walk").empty(fd)
+    except OSError as exc:
+        problems.append(f"the harmless environment could not be removed: {exc}")
+    finally:
+        os.close(fd)
+    if os.listdir(tree):
+        problems.append("the harmless environment was not removed whole")
     return problems
 
 

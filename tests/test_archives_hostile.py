@@ -265,7 +265,9 @@ def _portable_copy() -> Path:
     """The unpacking and the hostile archives, where any user can read them (the checkout may
     not be readable by all)."""
     copy = Path(tempfile.mkdtemp(prefix="blobsvc-hostile-"))
-    for relative in ("blobsvc/_exceptions.py", "blobsvc/cache/_extract.py", "tests/hostile_archives.py"):
+    for relative in (
+        *("blobsvc/_exceptions.py", "blobsvc/cache/_extract.py", "blobsvc/cache/_walk.py", "tests/hostile_archives.py"),
+    ):
         (copy / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / relative, copy / relative)
     for path in [copy, *copy.rglob("*")]:

@@ -179,3 +179,10 @@ def test_quick_agent_benchmark_times_each_application_and_the_agents_http_face(t
     assert set(last["targets_met"]) == {"app2_overhead_at_most_a_tenth_of_spark", "agent_http_at_least_0.8_of_sendfile"}
     assert all(isinstance(met, bool) for met in last["targets_met"].values())
     assert list(tmp_path.iterdir()) == [env_dir], "the working directory is removed afterwards"
+
+
+def test_quick_unpack_benchmark_times_mains_unpacker_and_this_one(tmp_path: Path) -> None:
+    records = run_quick("benchmarks.bench_unpack", "--dir", str(tmp_path))
+    assert sorted(record["unpacker"] for record in records[:-1]) == ["base", "this"]
+    assert records[-1]["summary"] and records[-1]["ratio"] > 0 and records[-1]["cpu_ratio"] > 0
+    assert list(tmp_path.iterdir()) == []

@@ -15,6 +15,7 @@ import pytest
 
 from blobsvc import InvalidArgument
 from blobsvc.cache._archives import archive_kind, prune, remove_unpacked, unpack, unpack_once
+from blobsvc.cache._extract import BLOCK
 from blobsvc.cache._store import boot_id
 from blobsvc.spark import UnsafeArchive
 
@@ -168,7 +169,7 @@ def test_a_tree_unpacked_in_an_earlier_boot_is_unpacked_again(tmp_path: Path) ->
     (tree / "lib" / "x.py").write_bytes(b"")  # what a crash of the host may leave
     assert unpack(root, "k", archive, "tar") == tree
     assert (tree / "lib" / "x.py").read_bytes() == b"x = 1\n"
-    assert (root / ".k.boot").read_text() == f"{boot_id()}\n6", "the boot, and the bytes of the tree"
+    assert (root / ".k.boot").read_text() == f"{boot_id()}\n{6 + BLOCK}", "the boot, the bytes of the tree and its lib/"
 
 
 # --- environment mode: a packed Python environment's absolute bin/python ------------------

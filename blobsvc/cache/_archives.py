@@ -158,9 +158,9 @@ def unpack_once(
     with _trees.lock(root, name) as lock:
         if _unpacked_in_this_boot(root, name, boot):
             return final, False
-        _trees.remove(root, name)  # no process of an earlier boot is alive to use a tree of that boot
-        for leftover in root.glob(f"{_trees.TEMP_PREFIX}{name}-*"):  # a killed unpacker's
-            remove_unpacked(leftover)
+        # No process of an earlier boot is alive to use a tree of that boot; a killed unpacker's
+        # temporary directory, or a removal's, goes with it.
+        _trees.remove(root, name)
         temp = root / f"{_trees.TEMP_PREFIX}{name}-{secrets.token_hex(4)}"
         temp.mkdir()
         room = max_bytes if store is None else store.room_for_tree(key, max_bytes)

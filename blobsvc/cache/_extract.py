@@ -27,10 +27,18 @@ resolving a path (``realpath``), which links and long paths can defeat:
   nothing is ever chowned: the tree belongs to whoever unpacks it.
 * **Times:** a file's or directory's modification time is the member's, set through its
   descriptor; a link keeps the time it was made.
-* **Bounds:** at most ``max_bytes`` bytes of file contents and ``max_members`` members. The
-  bytes are counted as they are written, and a member whose size would pass the bound is
-  refused before its first byte; no single read of the archive's headers exceeds
-  ``MAX_HEADER_BYTES``, so a forged header cannot fill memory either.
+* **Bounds on disk:** at most ``max_bytes`` bytes and ``max_members`` members. A file counts
+  its bytes, a directory or a link ``BLOCK`` bytes (what it takes on disk); the bytes are
+  counted as they are written, and a member whose size would pass the bound is refused before
+  its first byte. A member's name has at most ``MAX_DEPTH`` components.
+* **Bounds in memory,** whatever the archive claims: tarfile reads at most
+  ``_MAX_HEADER_READS`` headers for one member, and their pax records and GNU long names and
+  links (chained as they may be) total at most ``MAX_HEADER_BYTES``, and the archive's pax global
+  headers at most ``MAX_HEADER_BYTES`` in all; sparse members are refused before their map is
+  read (no Python environment holds one); a link's target is at most ``PATH_MAX`` bytes, a
+  zip's central directory (names, extra fields, comments) at most ``MAX_ZIP_DIRECTORY`` bytes
+  and ``max_members`` entries, and the names the unpacker keeps (members', their directories',
+  links' targets) ``MAX_NAME_BYTES`` in all. The bound this gives is in docs/security.md.
 
 A refused archive raises :class:`UnsafeArchive` (:class:`ArchiveTooLarge` for the bounds)
 and leaves what it wrote in the tree, which the caller removes. This module needs nothing
@@ -57,18 +65,35 @@ from pathlib import Path
 from typing import IO, BinaryIO, TypeVar
 
 from .._exceptions import BlobError
+from ._walk import DIR_FLAGS as _DIR_FLAGS
+from ._walk import walk
 
-__all__ = ["MAX_HEADER_BYTES", "MAX_MEMBERS", "ArchiveTooLarge", "UnsafeArchive", "extract"]
+__all__ = [
+    *("BLOCK", "MAX_DEPTH", "MAX_HEADER_BYTES", "MAX_MEMBERS", "MAX_NAME_BYTES", "MAX_ZIP_DIRECTORY"),
+    *("ArchiveTooLarge", "UnsafeArchive", "extract"),
+]
 
 # How many members an unpacked tree may hold: well above the tens of thousands of files of
 # the largest Python environments.
 MAX_MEMBERS = 200_000
-# The largest single read of a tar's headers (a pax record, a GNU long name).
+# The most a tar's headers for one member may read (pax records, GNU long names), and the
+# most all its pax global headers may; _MAX_HEADER_READS bounds how many headers chain.
 MAX_HEADER_BYTES = 1 << 20
+_MAX_HEADER_READS = 16
+# The most components a member's name may have (PATH_MAX allows 2,048).
+MAX_DEPTH = 1024
+# The most bytes of names the unpacker keeps for one tree: some 100 times a large environment's.
+MAX_NAME_BYTES = 16 << 20
+# The largest zip central directory read (zipfile reads it whole, and keeps every entry).
+MAX_ZIP_DIRECTORY = 8 << 20
+# How many directories' descriptors an unpack keeps open (venv-pack lists a directory's
+# members together, and a deep tree's members share their directories).
+_OPEN_DIRS = 64
+# What a directory or a link counts against the tree's bytes: a block of the usual file systems.
+BLOCK = 4096
 _NAME_MAX = 255
 _PATH_MAX = 4095
 _CHUNK = 256 << 10
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # What reading a broken archive raises, besides the formats' own errors.
 _READ_ERRORS: tuple[type[Exception], ...] = (
@@ -112,10 +137,10 @@ def extract(
     module's rules, leaving it read-only; the bytes of its files. UnsafeArchive (or
     ArchiveTooLarge) when refused."""
     fd = os.open(dest, _DIR_FLAGS)
+    tree = _Tree(fd, environment, max_bytes, max_members)
     try:
-        tree = _Tree(fd, environment, max_bytes, max_members)
         try:
-            with _members(archive, kind) as members:
+            with _members(archive, kind, max_members) as members:
                 for member in members:
                     tree.add(member)
         except _ArchiveReadError as exc:
@@ -123,6 +148,7 @@ def extract(
         tree.finish()
         return tree.written
     finally:
+        tree.close()
         os.close(fd)
 
 
@@ -144,17 +170,19 @@ def _reading(call: Callable[[], _T]) -> _T:
 
 
 @contextlib.contextmanager
-def _members(archive: Path, kind: str) -> Iterator[Iterator[_Member]]:
+def _members(archive: Path, kind: str, max_members: int) -> Iterator[Iterator[_Member]]:
     with open(archive, "rb") as raw:
         if kind == "zip":
+            _check_zip_directory(raw, max_members)
             with _reading(lambda: zipfile.ZipFile(raw)) as zipped:
                 yield _zip_members(zipped)
             return
         decompressed = _decompressor(raw)
         with contextlib.closing(decompressed or raw):
             stream = _CappedReads(decompressed or raw)
-            with _reading(lambda: tarfile.open(fileobj=stream, mode="r:")) as tarred:  # type: ignore[call-overload]
-                yield _tar_members(tarred)
+            opening = functools.partial(tarfile.open, fileobj=stream, mode="r:", tarinfo=_BoundedTarInfo)
+            with _reading(opening) as tarred:
+                yield _tar_members(tarred, stream)
 
 
 def _decompressor(raw: BinaryIO) -> io.BufferedIOBase | None:
@@ -173,14 +201,30 @@ def _decompressor(raw: BinaryIO) -> io.BufferedIOBase | None:
 
 class _CappedReads:
     """A stream whose reads are at most MAX_HEADER_BYTES: tarfile reads a pax record or a GNU
-    long name whole, as long as its header claims, and member bytes in smaller chunks."""
+    long name whole, as long as its header claims, and member bytes in smaller chunks. While
+    tarfile reads one member's headers (from :meth:`headers` on), their reads are counted:
+    at most _MAX_HEADER_READS of MAX_HEADER_BYTES in all."""
 
     def __init__(self, stream: BinaryIO | io.BufferedIOBase) -> None:
         self._stream = stream
+        self._reads = 0
+        self._bytes = 0
+
+    def headers(self) -> None:
+        """What follows, up to the member's bytes, is its headers."""
+        self._reads = self._bytes = 0
 
     def read(self, size: int = -1) -> bytes:
         if size < 0 or size > MAX_HEADER_BYTES:
             raise UnsafeArchive(f"a tar header claims {size} bytes, more than the {MAX_HEADER_BYTES} allowed")
+        self._reads += 1
+        if size > tarfile.BLOCKSIZE:  # a long name or pax record: the blocks are counted as reads
+            self._bytes += size
+        if self._bytes > MAX_HEADER_BYTES or self._reads > _MAX_HEADER_READS:
+            raise UnsafeArchive(
+                f"a tar member's headers pass {MAX_HEADER_BYTES} bytes or {_MAX_HEADER_READS} headers"
+                " (long names, pax records)"
+            )
         return self._stream.read(size)
 
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -190,8 +234,33 @@ class _CappedReads:
         return self._stream.tell()
 
 
-def _tar_members(tarred: tarfile.TarFile) -> Iterator[_Member]:
-    while (info := _reading(tarred.next)) is not None:
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's headers, but a sparse member is refused before its map is read (GNU's old
+    extension blocks, or pax 0.0, 0.1 and 1.0 maps: millions of entries in a few kilobytes
+    compressed), and pax global headers stop at MAX_HEADER_BYTES in all."""
+
+    def _proc_pax(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type == tarfile.XGLTYPE:
+            total = getattr(tar, "_blobsvc_global_bytes", 0) + self.size
+            if total > MAX_HEADER_BYTES:
+                raise UnsafeArchive(f"the tar's pax global headers pass {MAX_HEADER_BYTES} bytes")
+            tar._blobsvc_global_bytes = total  # type: ignore[attr-defined]
+        return super()._proc_pax(tar)  # type: ignore[misc,no-any-return]
+
+    def _sparse(self, *args: object) -> tarfile.TarInfo:
+        # A pax map's member is the header after this one (the first argument), an old one's is this.
+        name = args[0].name if isinstance(args[0], tarfile.TarInfo) else self.name
+        raise UnsafeArchive(f"member {name[:80]!r} is a sparse file, which blobsvc does not unpack")
+
+    _proc_sparse = _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _sparse
+
+
+def _tar_members(tarred: tarfile.TarFile, stream: _CappedReads) -> Iterator[_Member]:
+    while True:
+        stream.headers()
+        info = _reading(tarred.next)
+        if info is None:
+            return
         tarred.members = []  # type: ignore[attr-defined]  # tarfile keeps every header it read: drop them
         if info.isreg():
             yield _Member(
@@ -214,14 +283,30 @@ def _tar_members(tarred: tarfile.TarFile) -> Iterator[_Member]:
             raise UnsafeArchive(f"member {info.name!r} is of a kind blobsvc does not unpack ({info.type!r})")
 
 
+def _check_zip_directory(raw: BinaryIO, max_members: int) -> None:
+    """Refuse a zip whose central directory (which zipfile reads whole) is too large."""
+    end = _reading(lambda: zipfile._EndRecData(raw))  # type: ignore[attr-defined]
+    if end is None:
+        return  # not a zip: zipfile says so
+    entries, size = end[zipfile._ECD_ENTRIES_TOTAL], end[zipfile._ECD_SIZE]  # type: ignore[attr-defined]
+    if entries > max_members:
+        raise ArchiveTooLarge(f"the zip lists {entries} members, more than the {max_members} a tree may hold")
+    if size > MAX_ZIP_DIRECTORY:
+        raise ArchiveTooLarge(f"the zip's central directory passes {MAX_ZIP_DIRECTORY} bytes")
+    raw.seek(0)
+
+
 def _zip_members(zipped: zipfile.ZipFile) -> Iterator[_Member]:
-    for info in zipped.infolist():
+    for number, info in enumerate(zipped.infolist(), 1):
         name = info.filename.replace("\\", "/")  # as zip tools of Windows wrote them
+        if not name:  # zipfile cuts a name at its first NUL
+            raise UnsafeArchive(f"zip member #{number} has an empty name (or one that starts with NUL)")
         mode = info.external_attr >> 16 if info.create_system == 3 else 0  # 3: made on Unix
         mtime = _zip_time(info.date_time)
         if stat.S_ISLNK(mode):
-            target = _reading(functools.partial(zipped.read, info)).decode("utf-8", "surrogateescape")
-            yield _Member(name, "symlink", target=target)
+            with _reading(functools.partial(zipped.open, info)) as link:
+                target = _reading(functools.partial(link.read, _PATH_MAX + 1))
+            yield _Member(name, "symlink", target=target.decode("utf-8", "surrogateescape"))
         elif info.is_dir():
             yield _Member(name, "dir", mtime=mtime)
         elif stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # 0: no type recorded, a file
@@ -250,7 +335,7 @@ def _zip_time(date_time: tuple[int, int, int, int, int, int]) -> float | None:
 def _parts(name: str, what: str = "member") -> list[str]:
     """``name``'s components, or UnsafeArchive when it is absolute, climbs, or is too long."""
     if "\0" in name:
-        raise UnsafeArchive(f"{what} {name!r} holds a NUL byte")
+        raise UnsafeArchive(f"{what} {name[:80]!r} holds a NUL byte")
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise UnsafeArchive(f"{what} {name!r} is an absolute path")
     parts = [part for part in name.split("/") if part not in ("", ".")]
@@ -260,13 +345,17 @@ def _parts(name: str, what: str = "member") -> list[str]:
         raise UnsafeArchive(f"{what} {name[:80]!r}... has a component longer than {_NAME_MAX} bytes")
     if len(os.fsencode(name)) > _PATH_MAX:
         raise UnsafeArchive(f"{what} {name[:80]!r}... is longer than {_PATH_MAX} bytes")
+    if len(parts) > MAX_DEPTH:
+        raise UnsafeArchive(f"{what} {name[:80]!r}... is deeper than {MAX_DEPTH} directories")
     return parts
 
 
 def _check_symlink(name: str, parts: list[str], target: str, environment: bool) -> None:
     """A symlink's target, read as text: nothing on disk is consulted, or followed."""
     if not target or "\0" in target:
-        raise UnsafeArchive(f"link {name!r} has an empty or NUL-holding target")
+        raise UnsafeArchive(f"link {name[:80]!r} has an empty or NUL-holding target")
+    if len(os.fsencode(target)) > _PATH_MAX:
+        raise UnsafeArchive(f"link {name[:80]!r} has a target longer than {_PATH_MAX} bytes")
     if target.startswith("/"):
         if environment:
             return
@@ -293,8 +382,22 @@ class _Tree:
         self.dirs: dict[str, float | None] = {}  # every directory made, with its member's time
         self.symlinks: list[tuple[list[str], str]] = []
         self.current = ""  # the member being added, as the archive names it
+        self.name_bytes = 0  # of the names kept above
+        self.open_dirs: dict[str, int] = {}  # descriptors of directories, by name, oldest used first
+
+    def _keep(self, name: str) -> None:
+        """Count a name kept in memory (and, for one made, its block on disk)."""
+        self.name_bytes += len(name)
+        if self.name_bytes > MAX_NAME_BYTES:
+            raise ArchiveTooLarge(f"member {self.current[:80]!r}: the archive's names pass {MAX_NAME_BYTES} bytes")
+
+    def _count_block(self) -> None:
+        self.written += BLOCK
+        if self.written > self.max_bytes:
+            raise self._too_large()
 
     def add(self, member: _Member) -> None:
+        self._trim()
         self.current = member.name
         self.members += 1
         if self.members > self.max_members:
@@ -305,6 +408,7 @@ class _Tree:
                 raise UnsafeArchive(f"member {member.name!r} names the directory itself")
             return
         name = "/".join(parts)
+        self._keep(name)
         # The one duplicate allowed: a file replacing a file, the last winning as in tar
         # (venv-pack writes its rewritten pyvenv.cfg after the original).
         replaces = name in self.named and member.kind == "file" and self.kinds.get(name) == "file"
@@ -318,47 +422,62 @@ class _Tree:
         if held is not None:  # a directory made for earlier members
             raise UnsafeArchive(f"member {member.name!r} would replace the directory {name!r}")
         if member.kind == "symlink":
-            with self._directory(parts[:-1], create=True):  # its directory now, the link last
-                pass
+            self._directory(parts[:-1], create=True)  # its directory now, the link last
             _check_symlink(member.name, parts, member.target, self.environment)
+            self._keep(member.target)
+            self._count_block()
             self.kinds[name] = "link"
             self.symlinks.append((parts, member.target))
             return
-        with self._directory(parts[:-1], create=True) as parent:
-            if member.kind == "dir":
-                os.mkdir(parts[-1], 0o700, dir_fd=parent)
-                self.kinds[name] = "dir"
-                self.dirs[name] = member.mtime
-            elif member.kind == "hardlink":
-                self._hard_link(member, parts[-1], parent)
-                self.kinds[name] = "file"
-            else:
-                if replaces:
-                    os.unlink(parts[-1], dir_fd=parent)  # a file of ours: unlinking follows nothing
-                self._write(member, parts[-1], parent)
-                self.kinds[name] = "file"
+        parent = self._directory(parts[:-1], create=True)
+        if member.kind == "dir":
+            self._count_block()
+            os.mkdir(parts[-1], 0o700, dir_fd=parent)
+            self.kinds[name] = "dir"
+            self.dirs[name] = member.mtime
+        elif member.kind == "hardlink":
+            self._hard_link(member, parts[-1], parent)
+            self.kinds[name] = "file"
+        else:
+            if replaces:
+                os.unlink(parts[-1], dir_fd=parent)  # a file of ours: unlinking follows nothing
+            self._write(member, parts[-1], parent)
+            self.kinds[name] = "file"
 
-    def _check_parents(self, parts: list[str]) -> None:
-        """Refuse ``parts`` (a directory to make) when it or one above it is a link or a file."""
-        for depth in range(1, len(parts) + 1):
-            prefix = "/".join(parts[:depth])
+    def _check_parents(self, prefixes: list[str]) -> None:
+        """Refuse the directories ``prefixes`` (to make) when one is a link or a file."""
+        for prefix in prefixes:
             held = self.kinds.get(prefix)
             if held == "link":
                 raise UnsafeArchive(f"member {self.current!r} would be written through the link {prefix!r}")
             if held == "file":
                 raise UnsafeArchive(f"member {self.current!r} lies under the file {prefix!r}")
 
-    @contextlib.contextmanager
-    def _directory(self, parts: list[str], *, create: bool = False) -> Iterator[int]:
-        """A descriptor of the tree's directory ``parts``, reached without following any link;
-        with ``create``, the directories missing are made (0700 until :meth:`finish`)."""
+    def _directory(self, parts: list[str], *, create: bool = False) -> int:
+        """A descriptor of the tree's directory ``parts``, reached without following any link,
+        from the deepest directory above it whose descriptor is kept (so a member costs the
+        directories it adds, not its depth); with ``create``, the directories missing are made
+        (0700 until :meth:`finish`). The descriptor is kept, and closed by the tree."""
+        key = "/".join(parts)
+        if key in self.open_dirs:  # checked and made when it was opened: nothing has changed it since
+            self.open_dirs[key] = self.open_dirs.pop(key)  # the most recently used, kept longest
+            return self.open_dirs[key]
+        start, cut, base = 0, len(key), ""
+        for depth in range(len(parts) - 1, 0, -1):  # the deepest kept above it, checked when opened
+            cut = key.rindex("/", 0, cut)
+            if key[:cut] in self.open_dirs:
+                start, base = depth, key[:cut]
+                break
+        prefixes = [f"{base}/{prefix}" if base else prefix for prefix in _prefixes(parts[start:])]
         if create:
-            self._check_parents(parts)
-        fd = self.fd
+            self._check_parents(prefixes)
+        fd = self.open_dirs[base] if start else self.fd
+        kept = True  # fd is the tree's or a kept one, not ours to close
         try:
-            for depth, part in enumerate(parts, 1):
-                prefix = "/".join(parts[:depth])
+            for part, prefix in zip(parts[start:], prefixes, strict=True):
                 if create and prefix not in self.kinds:
+                    self._keep(prefix)
+                    self._count_block()
                     os.mkdir(part, 0o700, dir_fd=fd)
                     self.kinds[prefix] = "dir"
                     self.dirs[prefix] = None
@@ -366,13 +485,26 @@ class _Tree:
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:  # ELOOP, ENOTDIR: a link or a file where a directory must be
                     raise UnsafeArchive(f"{prefix!r} is not a directory of the tree: {exc.strerror}") from None
-                if fd != self.fd:
+                if not kept:
                     os.close(fd)
-                fd = child
-            yield fd
-        finally:
-            if fd != self.fd:
+                fd, kept = child, False
+        except BaseException:
+            if not kept:
                 os.close(fd)
+            raise
+        if not kept:
+            self.open_dirs[key] = fd
+        return fd
+
+    def _trim(self) -> None:
+        """Close the least recently used descriptors past _OPEN_DIRS; only between members, so
+        none a member is using."""
+        while len(self.open_dirs) > _OPEN_DIRS:
+            os.close(self.open_dirs.pop(next(iter(self.open_dirs))))
+
+    def close(self) -> None:
+        while self.open_dirs:
+            os.close(self.open_dirs.popitem()[1])
 
     def _write(self, member: _Member, base: str, parent: int) -> None:
         if self.written + member.size > self.max_bytes:
@@ -407,19 +539,29 @@ class _Tree:
             raise UnsafeArchive(f"link {member.name!r} points outside the directory ({member.target!r})") from None
         if not target or self.kinds.get("/".join(target)) != "file":
             raise UnsafeArchive(f"link {member.name!r} points to {member.target!r}, no file unpacked before it")
-        with self._directory(target[:-1]) as source:
-            os.link(target[-1], base, src_dir_fd=source, dst_dir_fd=parent, follow_symlinks=False)
+        source = self._directory(target[:-1])
+        os.link(target[-1], base, src_dir_fd=source, dst_dir_fd=parent, follow_symlinks=False)
 
     def finish(self) -> None:
         """Make the symbolic links, then every directory read-only (the deepest first)."""
         for parts, target in self.symlinks:
-            with self._directory(parts[:-1], create=True) as parent:
-                os.symlink(target, parts[-1], dir_fd=parent)
-        for name in sorted(self.dirs, key=lambda n: n.count("/"), reverse=True):
-            with self._directory(name.split("/")) as fd:
-                _set_time(fd, self.dirs[name])
-                os.fchmod(fd, 0o555)
-        os.fchmod(self.fd, 0o555)
+            self._trim()
+            os.symlink(target, parts[-1], dir_fd=self._directory(parts[:-1], create=True))
+        walk(self.fd, leave=self._seal)
+
+    def _seal(self, fd: int, path: list[str]) -> None:
+        """A directory's time, and read-only: its children are done (the tree's own last)."""
+        if path:
+            _set_time(fd, self.dirs.get("/".join(path)))
+        os.fchmod(fd, 0o555)
+
+
+def _prefixes(parts: list[str]) -> Iterator[str]:
+    """``a``, ``a/b``, ``a/b/c`` for ``[a, b, c]``: each made from the one before."""
+    prefix = ""
+    for part in parts:
+        prefix = f"{prefix}/{part}" if prefix else part
+        yield prefix
 
 
 def _set_time(fd: int, mtime: float | None) -> None:

@@ -15,15 +15,20 @@ the cache's total and removes an archive's trees with it) read this layout from 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import shutil
+import secrets
+import stat
 from pathlib import Path
 
 from ._lock import FileLock
+from ._walk import DIR_FLAGS, empty
 
 __all__ = ["ENVIRONMENT_SUFFIX", "TEMP_PREFIX", "lock", "read_record", "remove", "remove_all", "sizes", "write_record"]
 
 # An environment's tree is <key>.env, apart from the same archive unpacked by the default rules.
+log = logging.getLogger(__name__)
+
 ENVIRONMENT_SUFFIX = ".env"
 TEMP_PREFIX = ".unpacking-"
 
@@ -54,25 +59,35 @@ def write_record(root: Path, name: str, boot: str, size: int) -> None:
 def sizes(root: Path) -> dict[str, int]:
     """The bytes of every archive's trees, by the archive's key."""
     found: dict[str, int] = {}
+    names: set[str] = set()
     with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
-        for entry in entries:
-            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
-                continue
-            record = read_record(root, entry.name)
-            key = entry.name.removesuffix(ENVIRONMENT_SUFFIX)
-            found[key] = found.get(key, 0) + (record[1] if record else 0)
+        names = {entry.name for entry in entries if entry.is_dir(follow_symlinks=False)}
+    # A tree's leftover (set aside by a removal cut short) counts its tree's record; a tree
+    # being unpacked has none yet.
+    counted = {name for name in names if not name.startswith(".")}
+    counted |= {name[len(TEMP_PREFIX) :].rpartition("-")[0] for name in names if name.startswith(TEMP_PREFIX)}
+    for name in counted:
+        record = read_record(root, name)
+        key = name.removesuffix(ENVIRONMENT_SUFFIX)
+        found[key] = found.get(key, 0) + (record[1] if record else 0)
     return found
 
 
 def remove(root: Path, name: str) -> None:
-    """Remove a tree and its record; the caller holds the tree's lock."""
-    _record(root, name).unlink(missing_ok=True)  # first: a tree without a record is unpacked again
-    remove_unpacked(root / name)
+    """Remove a tree, and what an earlier removal or unpack of it left, then its record; the
+    caller holds the tree's lock. The tree is first renamed aside, so no process takes a tree
+    half removed for one unpacked; its record goes last, so a removal cut short (a crash, an
+    error) still counts what it left, which the next eviction or unpack removes."""
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(root / name, root / f"{TEMP_PREFIX}{name}-{secrets.token_hex(4)}")
+    for leftover in root.glob(f"{TEMP_PREFIX}{name}-*"):
+        remove_unpacked(leftover)
+    _record(root, name).unlink(missing_ok=True)
 
 
 def remove_all(root: Path, key: str) -> bool:
     """Remove every tree of ``key`` (and their locks) unless one is being unpacked or removed
-    right now: then nothing, and False."""
+    right now, or cannot be removed (said in the log): then False."""
     held: list[FileLock] = []
     try:
         for name in (key, key + ENVIRONMENT_SUFFIX):
@@ -81,7 +96,11 @@ def remove_all(root: Path, key: str) -> bool:
                 return False
             held.append(tree_lock)
         for name, tree_lock in zip((key, key + ENVIRONMENT_SUFFIX), held, strict=True):
-            remove(root, name)
+            try:
+                remove(root, name)
+            except OSError as exc:  # its record stays: what is left still counts, and goes next time
+                log.warning("could not remove the unpacked tree %s: %s", root / name, exc)
+                return False
             tree_lock.unlink()
         return True
     finally:
@@ -90,12 +109,16 @@ def remove_all(root: Path, key: str) -> bool:
 
 
 def remove_unpacked(tree: Path) -> None:
-    """Remove a (read-only) unpacked tree; what is gone already is fine. Its directories are
-    made writable through their own descriptors, so no link in the tree is ever followed."""
-    if not tree.is_dir() or tree.is_symlink():
-        return
+    """Remove a (read-only) unpacked tree, however deep; what is gone already is fine. Its
+    directories are made writable through their own descriptors before they are listed (one
+    without even search permission is given it first), and no link in it is ever followed."""
     with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISDIR(os.lstat(tree).st_mode):
+            return
         os.chmod(tree, 0o700)
-        for _, _, _, fd in os.fwalk(tree):  # follows no link, top-down: each made writable before its children
-            os.fchmod(fd, 0o700)
-    shutil.rmtree(tree, ignore_errors=True)
+        fd = os.open(tree, DIR_FLAGS)
+        try:
+            empty(fd)
+        finally:
+            os.close(fd)
+        os.rmdir(tree)
