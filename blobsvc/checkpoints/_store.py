@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -68,13 +69,16 @@ class CheckpointStore:
         self.client = BlobClient(server) if isinstance(server, str) else server
         self.cache = cache
         self._coordinator: CheckpointCoordinator | None = None
+        self._coordinator_lock = threading.Lock()
 
     @property
     def coordinator(self) -> CheckpointCoordinator:
-        """This store's coordinator, registered (fencing every older one) at first use."""
-        if self._coordinator is None:
-            self._coordinator = CheckpointCoordinator(self.client, self.pipeline, self.options, self.cache)
-        return self._coordinator
+        """This store's coordinator, registered (fencing every older one) at first use: one
+        however many threads use the store at once (a second would fence the first)."""
+        with self._coordinator_lock:
+            if self._coordinator is None:
+                self._coordinator = CheckpointCoordinator(self.client, self.pipeline, self.options, self.cache)
+            return self._coordinator
 
     def begin(
         self,
