@@ -433,6 +433,21 @@ def test_a_1500_level_path_restores_or_is_refused_without_recursion(server: Serv
             remove_tree(out)  # pytest's own cleanup would recurse 1,500 levels deep
 
 
+def test_a_snapshot_walks_a_1500_level_tree_without_recursion(server: ServerThread, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    directory = source
+    for _ in range(1500):  # made level by level: os.makedirs recurses too
+        directory = directory / "d"
+        directory.mkdir(parents=directory.parent == source)
+    (directory / "f").write_bytes(b"deep")
+    try:
+        with _store(server, "deepwalk") as store:
+            handle = store.snapshot("0", source)
+        assert [entry.path for entry in handle.files] == ["/".join(["d"] * 1500) + "/f"]
+    finally:
+        remove_tree(source)
+
+
 def test_a_restore_through_a_cache_catches_rot_that_keeps_size_mtime_and_inode(
     server: ServerThread, tmp_path: Path
 ) -> None:
