@@ -120,7 +120,7 @@ import pytest
 
 from benchmarks.harness.zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 from blobsvc import BlobClient
-from blobsvc._exceptions import InvalidArgument, NotFound, TransportError
+from blobsvc._exceptions import InvalidArgument, InvalidArgumentType, NotFound, TransportError
 from blobsvc.cache import BlobCache
 from blobsvc.checkpoints import (
     CheckpointAborted,
@@ -405,6 +405,15 @@ def test_a_handle_object_is_checked_as_its_json_would_be(server: ServerThread, t
         with pytest.raises(InvalidArgument, match=r"relative path|paths are distinct and not empty"):
             store.restore(checkpoint_id, handle, tmp_path / "dest" / "r")
         assert sorted(os.listdir(tmp_path)) == ["dest"] and os.listdir(tmp_path / "dest") == []
+
+
+def test_a_handle_object_of_other_objects_is_a_clear_error(server: ServerThread, tmp_path: Path) -> None:
+    with _store(server, "hostile") as store:
+        checkpoint_id = _take(store, b"x")
+        forged = TaskHandle("0", "directory", ({"path": "../x", "size": 1, "key": _key_of(b"x")},))  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentType, match="FileEntry objects"):
+            store.restore(checkpoint_id, forged, tmp_path / "r")
+        assert os.listdir(tmp_path) == []
 
 
 def test_a_1500_level_path_restores_or_is_refused_without_recursion(server: ServerThread, tmp_path: Path) -> None:

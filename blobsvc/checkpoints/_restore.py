@@ -27,7 +27,7 @@ from pathlib import Path
 
 import blake3
 
-from .._exceptions import DigestMismatch, InvalidArgument
+from .._exceptions import DigestMismatch, InvalidArgument, InvalidArgumentType
 from ..cache import BlobCache, JobBlobs
 from ..client import BlobClient
 from ..wire._checkpoints import FileEntry, TaskHandle, pipeline_job, state_name
@@ -48,7 +48,7 @@ def restore(
 ) -> Path:
     """Write ``handle``'s state at ``dest`` (a directory for a directory's state, else a
     file); returns ``dest``."""
-    handle = TaskHandle.from_json(handle.to_json())  # an object is checked as its JSON would be
+    handle = _checked(handle)
     dest = Path(dest)
     replaces_empty_dir = False
     if dest.is_dir() and not dest.is_symlink() and handle.kind == "directory" and not any(dest.iterdir()):
@@ -76,6 +76,17 @@ def restore(
         remove_tree(temp)
         raise
     return dest
+
+
+def _checked(handle: object) -> TaskHandle:
+    """``handle`` checked as its JSON form would be: a handle object built in code gets no
+    trust that a parsed one would not."""
+    files = getattr(handle, "files", None)
+    if not isinstance(handle, TaskHandle) or not isinstance(files, tuple | list):
+        raise InvalidArgumentType(f"a restore takes a TaskHandle, not {type(handle).__name__}")
+    if not all(isinstance(entry, FileEntry) for entry in files):
+        raise InvalidArgumentType(f"task {handle.task}: a handle's files are FileEntry objects")
+    return TaskHandle.from_json(handle.to_json())
 
 
 def _make_parents(root: Path, relative: str, made: set[str]) -> None:

@@ -161,7 +161,8 @@ class CheckpointStore:
         ``checkpoint_id``) at ``dest``, verified, as :meth:`CompletedCheckpoint.restore` does:
         what a task does with the handle its driver sent it (a handle pickles; a
         :class:`CompletedCheckpoint` holds a client and stays with the driver). The checkpoint
-        is held on the server meanwhile."""
+        is held on the server meanwhile. A handle object is checked as its JSON form would be
+        (no absolute, empty or ``..`` path): :class:`InvalidArgument` before anything is written."""
         if not isinstance(handle, TaskHandle):
             handle = TaskHandle.from_json(dict(handle))
         with holding(self.client, self.pipeline, checkpoint_id, self.options.hold_seconds):
