@@ -57,10 +57,11 @@ class MetadataReader:
         # The state keys of records' metadata, by (pipeline, id, metadata key): a blob's content
         # never changes under its key, so what it references never does either.
         self._keys: dict[tuple[str, int, str], frozenset[bytes]] = {}
-        self._parsing = asyncio.Lock()
-        # One thread of its own reads, parses and checks metadata: the memory a parse frees
-        # goes back to that thread's allocator arena, where the next parse finds it, rather
-        # than to whichever of the default pool's threads ran it (each would keep its own).
+        # One thread of its own reads, parses and checks metadata, one blob at a time: what
+        # parsing costs in memory is bounded by one maximum-size blob, however many clients
+        # complete at once; and the memory a parse frees goes back to that thread's allocator
+        # arena, where the next parse finds it, rather than to whichever of the default
+        # pool's threads ran it (each would keep its own).
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsvc-metadata")
 
     async def _open(self, pipeline: str, checkpoint_id: int, key: str, work: Callable[..., _T]) -> tuple[_T, int]:
@@ -81,10 +82,8 @@ class MetadataReader:
 
     async def read(self, pipeline: str, checkpoint_id: int, key: str) -> tuple[Metadata, int]:
         """The metadata and its size, checked and parsed in the metadata thread
-        (:class:`BadRequest` when it is not valid), one at a time on this server: what parsing
-        costs in memory is bounded by one maximum-size blob, however many clients complete at once."""
-        async with self._parsing:
-            return await self._open(pipeline, checkpoint_id, key, _read_parsed)
+        (:class:`BadRequest` when it is not valid)."""
+        return await self._open(pipeline, checkpoint_id, key, _read_parsed)
 
     async def _run(self, work: Callable[..., _T], *args: Any) -> _T:
         try:
