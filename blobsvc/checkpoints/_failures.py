@@ -4,8 +4,8 @@ What counts, as in Flink: a checkpoint aborted by a decline, its timeout, an exc
 task missing, and a trigger the server could not take (down, unreachable: Flink's trigger
 failure). What does not: a checkpoint older than the last completed one (its failure says
 nothing about the pipeline now: Flink ignores past checkpoints), a checkpoint subsumed by a
-newer one's completion, one aborted because its store was closed, and a trigger refused
-because the coordinator was replaced (the pipeline is another driver's now).
+newer one's completion, and a trigger refused because the coordinator was replaced (the
+pipeline is another driver's now).
 
 A completed checkpoint resets the count. Once it passes ``tolerable`` (None: never),
 :meth:`check` raises :class:`CheckpointFailuresExceeded`, naming the failure that passed it:
