@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._exceptions import BlobError, CheckpointError, Fenced, InvalidArgument
+from .._exceptions import BlobError, CheckpointError, InvalidArgument, TransportError
 from ..cache import BlobCache
 from ..client import BlobClient
 from ..wire._checkpoints import Metadata, Task, check_task, metadata_name, pipeline_job
@@ -131,9 +131,7 @@ class CheckpointCoordinator:
             }
             try:
                 reply = self.client.checkpoints(request)
-            except Fenced:
-                raise  # the pipeline is another coordinator's now: no failure of this one's
-            except BlobError as exc:  # Flink's trigger failure: it counts
+            except TransportError as exc:  # the server, the checkpoints' storage, unreachable: it counts
                 self.failures.failed(self.pipeline, None, f"the trigger failed: {exc}")
                 raise
             pending = PendingCheckpoint(

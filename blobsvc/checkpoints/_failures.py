@@ -1,11 +1,13 @@
 """Tolerable failures: Flink's ``CheckpointFailureManager``, counting checkpoints that failed in a row.
 
-What counts, as in Flink: a checkpoint aborted by a decline, its timeout, an exception or a
-task missing, and a trigger the server could not take (down, unreachable: Flink's trigger
-failure). What does not: a checkpoint older than the last completed one (its failure says
-nothing about the pipeline now: Flink ignores past checkpoints), a checkpoint subsumed by a
-newer one's completion, and a trigger refused because the coordinator was replaced (the
-pipeline is another driver's now).
+What counts: a checkpoint aborted by a decline or its timeout (Flink's ``CHECKPOINT_DECLINED``,
+``CHECKPOINT_EXPIRED``), a completion that failed (``FINALIZE_CHECKPOINT_FAILURE``), a trigger
+that could not reach the server, which is the checkpoints' storage (``IO_EXCEPTION``: Flink
+counts it, with no checkpoint id), and, unlike recent Flink, an exception in the checkpoint's
+block or a task missing (that is how a task's failed snapshot shows). What does not: a
+checkpoint older than the last completed one (Flink ignores past checkpoints), a checkpoint
+subsumed (``CHECKPOINT_SUBSUMED``), and a trigger the server refused for another reason, such
+as a coordinator replaced (``CHECKPOINT_COORDINATOR_SUSPEND``).
 
 A completed checkpoint resets the count. Once it passes ``tolerable`` (None: never),
 :meth:`check` raises :class:`CheckpointFailuresExceeded`, naming the failure that passed it:
