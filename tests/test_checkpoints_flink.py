@@ -111,6 +111,7 @@ that checkpoint's at the client.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -301,6 +302,7 @@ def test_a_decline_of_a_checkpoint_older_than_the_last_completed_does_not_count(
 
 def test_a_trigger_the_server_could_not_take_counts_as_a_failure(settings: Settings) -> None:
     # CheckpointFailureManagerTest.testTotalCountValue: IO_EXCEPTION (no checkpoint id) counts.
+    settings = dataclasses.replace(settings, port=str(free_port()))  # the same port after the restart
     running = ServerThread(settings).start()
     client = BlobClient(running.address, timeout=2.0, connect_timeout=1.0, retries=0)
     store = CheckpointStore(client, "down", tolerable_failures=0)
@@ -312,6 +314,7 @@ def test_a_trigger_the_server_could_not_take_counts_as_a_failure(settings: Setti
         running = ServerThread(settings).start()
         with pytest.raises(CheckpointFailuresExceeded, match="a trigger: the trigger failed"):
             store.begin(tasks=["0"])
+        assert store.records() == []  # the server is back: the refusal was the count's
     finally:
         store.close()
         client.close()
