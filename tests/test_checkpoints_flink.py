@@ -68,6 +68,8 @@ CheckpointRequestDeciderTest
   at once: differs on purpose (``begin`` waits the pause out).
 * testEnqueueOnTooManyPending, queue ordering and size limits, testEnqueueOnTooManyCleaning:
   does not apply (no request queue: ``begin`` is a call, refused or not at once).
+* testNonForcedEnqueueOnTooManyPending: does not apply (every blobsvc savepoint is a forced
+  one, as Flink's user-triggered savepoints are by default; a pending one still takes a place).
 
 DefaultCompletedCheckpointStoreTest
 * testNotSubsumedIfNotNeeded, testRecoverSortedCheckpoints: retain N keeps N, listed oldest
