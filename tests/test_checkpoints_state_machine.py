@@ -159,7 +159,10 @@ class CheckpointMachine(RuleBasedStateMachine):
     def time_out(self) -> None:
         checkpoint = self.store.begin(TASKS, timeout=0.05)
         deadline = time.monotonic() + 10
-        while checkpoint.state.value == "pending":  # its timer aborts it
+        request = {"action": "list", "pipeline": "machine"}
+        # Its timer aborts it, then tells the server: the step ends once the server knows, or
+        # the next step would find the abort still under way.
+        while checkpoint.state.value == "pending" or checkpoint.id in self.store.client.checkpoints(request)["pending"]:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert "timed out" in (checkpoint.reason or "")

@@ -9,13 +9,19 @@ never complete. The new one does not wait for them.
 Its :class:`CheckpointOptions`, Flink's ``CheckpointConfig``:
 
 * ``timeout``: a checkpoint not completed within it is aborted (default 600 s);
-* ``max_concurrent``: at most this many pending at once (default 1): :meth:`trigger` beyond
-  it raises :class:`CheckpointError`, as Flink skips such a trigger;
+* ``max_concurrent``: at most this many checkpoints pending at once (default 1):
+  :meth:`trigger` beyond it raises :class:`CheckpointError`, as Flink skips such a trigger;
 * ``min_pause``: :meth:`trigger` first waits until this long after the last completion;
 * ``tolerable_failures``: checkpoints that may fail in a row before the next trigger raises
-  :class:`CheckpointFailuresExceeded` (default None: any number);
+  :class:`CheckpointFailuresExceeded` (default None: any number; what counts:
+  :mod:`._failures`);
 * ``retain``: completed checkpoints the server keeps (default 1); older ones are subsumed
   once a newer one is durable. Savepoints are never subsumed.
+
+A savepoint is neither refused by ``max_concurrent`` nor delayed by ``min_pause`` (Flink's
+forced savepoints start at once), though once pending it takes a place like any other.
+Completing checkpoint N aborts every older pending checkpoint but savepoints (N subsumes
+them, as in Flink): each frees its place among the ``max_concurrent`` and can never complete.
 
 Completing a checkpoint writes its metadata as the blob ``meta/<id>`` of the pipeline's job,
 then asks the server to add the record, which checks that blob and every state file it
@@ -32,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._exceptions import BlobError, CheckpointError, InvalidArgument
+from .._exceptions import BlobError, CheckpointError, InvalidArgument, TransportError
 from ..cache import BlobCache
 from ..client import BlobClient
 from ..wire._checkpoints import Metadata, Task, check_task, metadata_name, pipeline_job
@@ -106,24 +112,28 @@ class CheckpointCoordinator:
             raise InvalidArgument(f"a checkpoint's properties must be plain JSON: {exc}") from None
         if round_trip != properties:  # keys that are not strings, tuples: a restore would see others
             raise InvalidArgument("a checkpoint's properties must come back from JSON as they are (string keys, lists)")
-        pause = self._last_completion + self.options.min_pause - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
+        if not savepoint:
+            pause = self._last_completion + self.options.min_pause - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
         with self._lock:
-            if len(self._pending) >= self.options.max_concurrent:
+            if not savepoint and len(self._pending) >= self.options.max_concurrent:
                 raise CheckpointError(
                     f"pipeline {self.pipeline}: {len(self._pending)} checkpoints pending, "
                     f"at most {self.options.max_concurrent} at once"
                 )
-            reply = self.client.checkpoints(
-                {
-                    "action": "trigger",
-                    "pipeline": self.pipeline,
-                    "epoch": self.epoch,
-                    "timeout": timeout,
-                    "savepoint": savepoint,
-                }
-            )
+            request = {
+                "action": "trigger",
+                "pipeline": self.pipeline,
+                "epoch": self.epoch,
+                "timeout": timeout,
+                "savepoint": savepoint,
+            }
+            try:
+                reply = self.client.checkpoints(request)
+            except TransportError as exc:  # the server, the checkpoints' storage, unreachable: it counts
+                self.failures.failed(self.pipeline, None, f"the trigger failed: {exc}")
+                raise
             pending = PendingCheckpoint(
                 self,
                 self.pipeline,
@@ -155,17 +165,23 @@ class CheckpointCoordinator:
         with self._lock:
             self._pending.discard(pending)
             self._last_completion = time.monotonic()
-        self.failures.completed()
+            subsumed = [p for p in self._pending if p.id < pending.id and not p.savepoint]
+        self.failures.completed(pending.id)
+        for older in subsumed:
+            older.subsume(pending.id)
         log.info("pipeline %s: checkpoint %d completed; subsumed %s", self.pipeline, pending.id, reply["subsumed"])
         return load_checkpoint(self.client, self.pipeline, reply["record"], self.cache, self.options.hold_seconds)
 
-    def forget(self, pending: PendingCheckpoint, reason: str) -> None:
-        """An aborted checkpoint: counted as a failure, and the server told (so that its state
-        is discarded; a server that cannot be told times it out)."""
+    def forget(self, pending: PendingCheckpoint, reason: str, *, subsumed: bool = False) -> None:
+        """An aborted checkpoint: counted as a failure and the server told (so that its state
+        is discarded; a server that cannot be told aborts it at its deadline). A subsumed one
+        is neither: the server aborted it in the same step as the newer one's completion."""
         with self._lock:
             self._pending.discard(pending)
-        self.failures.failed(self.pipeline, pending.id, reason)
         log.warning("pipeline %s: checkpoint %d aborted: %s", self.pipeline, pending.id, reason)
+        if subsumed:
+            return
+        self.failures.failed(self.pipeline, pending.id, reason)
         try:
             self.client.checkpoints({"action": "abort", "pipeline": self.pipeline, "id": pending.id})
         except BlobError as exc:

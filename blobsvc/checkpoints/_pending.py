@@ -7,8 +7,9 @@ It ends exactly once, completed or aborted:
 * **complete** (:meth:`complete`, or leaving its ``with`` block normally): only when every
   expected task acknowledged; otherwise it is aborted instead, naming the tasks missing.
 * **abort**: a task declines (:meth:`decline`), its timeout passes (a timer aborts it even if
-  nobody calls anything), :meth:`abort`, or its ``with`` block ends with an exception (which
-  goes on as it was). An aborted checkpoint is never visible; its state is discarded.
+  nobody calls anything), :meth:`abort`, its ``with`` block ends with an exception (which
+  goes on as it was), or a newer checkpoint completes first (:meth:`subsume`; savepoints
+  are never subsumed). An aborted checkpoint is never visible; its state is discarded.
 
 Leaving a ``with`` block normally whose checkpoint did not complete raises
 :class:`CheckpointAborted`, so that it never goes unnoticed. Thread-safe: tasks' handles may
@@ -42,7 +43,7 @@ class _Finisher(Protocol):
 
     def finish(self, pending: PendingCheckpoint) -> CompletedCheckpoint: ...
 
-    def forget(self, pending: PendingCheckpoint, reason: str) -> None: ...
+    def forget(self, pending: PendingCheckpoint, reason: str, *, subsumed: bool = False) -> None: ...
 
     def check_failures(self) -> None: ...
 
@@ -136,12 +137,18 @@ class PendingCheckpoint:
         with self._lock:
             self._abort(reason)
 
-    def _abort(self, reason: str) -> None:
+    def subsume(self, newer: int) -> None:
+        """Checkpoint ``newer`` completed: this older one is aborted, never to complete (not a
+        failure: the newer one holds a later state)."""
+        with self._lock:
+            self._abort(f"subsumed by checkpoint {newer}", subsumed=True)
+
+    def _abort(self, reason: str, *, subsumed: bool = False) -> None:
         if self.state is not CheckpointState.PENDING:
             return
         self.state, self.reason = CheckpointState.ABORTED, reason
         self._timer.cancel()
-        self._coordinator.forget(self, reason)
+        self._coordinator.forget(self, reason, subsumed=subsumed)
 
     def _check_pending(self) -> None:
         if self.state is CheckpointState.ABORTED:

@@ -66,17 +66,23 @@ def _lstat(path: Path) -> os.stat_result:
 
 
 def _files_under(root: Path) -> list[str]:
-    """The regular files under ``root``, as sorted POSIX paths relative to it."""
+    """The regular files under ``root``, as sorted POSIX paths relative to it: walked with a
+    stack, not recursion (nor ``os.walk``, which recurses), however deep the tree."""
     found: list[str] = []
-    for directory, subdirectories, names in os.walk(root):
-        subdirectories.sort()
-        for name in [*names, *(d for d in subdirectories if os.path.islink(os.path.join(directory, d)))]:
-            full = Path(directory, name)
-            if not stat.S_ISREG(full.lstat().st_mode):
-                raise InvalidArgument(f"{full} is not a regular file: state holds files and directories only")
-            found.append(full.relative_to(root).as_posix())
-            if len(found) > MAX_FILES:
-                raise InvalidArgument(f"{root} holds more than {MAX_FILES} files: too many for one task's state")
+    stack = [""]
+    while stack:
+        relative = stack.pop()
+        with os.scandir(root / relative if relative else root) as entries:
+            for entry in entries:
+                path = f"{relative}/{entry.name}" if relative else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(path)
+                    continue
+                if not entry.is_file(follow_symlinks=False):
+                    raise InvalidArgument(f"{entry.path} is not a regular file: state holds files and directories only")
+                found.append(path)
+                if len(found) > MAX_FILES:
+                    raise InvalidArgument(f"{root} holds more than {MAX_FILES} files: too many for one task's state")
     return sorted(found)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -68,13 +69,16 @@ class CheckpointStore:
         self.client = BlobClient(server) if isinstance(server, str) else server
         self.cache = cache
         self._coordinator: CheckpointCoordinator | None = None
+        self._coordinator_lock = threading.Lock()
 
     @property
     def coordinator(self) -> CheckpointCoordinator:
-        """This store's coordinator, registered (fencing every older one) at first use."""
-        if self._coordinator is None:
-            self._coordinator = CheckpointCoordinator(self.client, self.pipeline, self.options, self.cache)
-        return self._coordinator
+        """This store's coordinator, registered (fencing every older one) at first use: one
+        however many threads use the store at once (a second would fence the first)."""
+        with self._coordinator_lock:
+            if self._coordinator is None:
+                self._coordinator = CheckpointCoordinator(self.client, self.pipeline, self.options, self.cache)
+            return self._coordinator
 
     def begin(
         self,
@@ -157,7 +161,8 @@ class CheckpointStore:
         ``checkpoint_id``) at ``dest``, verified, as :meth:`CompletedCheckpoint.restore` does:
         what a task does with the handle its driver sent it (a handle pickles; a
         :class:`CompletedCheckpoint` holds a client and stays with the driver). The checkpoint
-        is held on the server meanwhile."""
+        is held on the server meanwhile. A handle object is checked as its JSON form would be
+        (no absolute, empty or ``..`` path): :class:`InvalidArgument` before anything is written."""
         if not isinstance(handle, TaskHandle):
             handle = TaskHandle.from_json(dict(handle))
         with holding(self.client, self.pipeline, checkpoint_id, self.options.hold_seconds):
