@@ -116,7 +116,14 @@ class CheckpointCoordinator:
                     f"at most {self.options.max_concurrent} at once"
                 )
             reply = self.client.checkpoints(
-                {"action": "trigger", "pipeline": self.pipeline, "epoch": self.epoch, "timeout": timeout}
+                {
+                    "action": "trigger",
+                    "pipeline": self.pipeline,
+                    "epoch": self.epoch,
+                    "timeout": timeout,
+                    "savepoint": savepoint,  # these two for the server's history only
+                    "expected": len(expected),
+                }
             )
             pending = PendingCheckpoint(
                 self,
@@ -161,7 +168,7 @@ class CheckpointCoordinator:
         self.failures.failed(self.pipeline, pending.id, reason)
         log.warning("pipeline %s: checkpoint %d aborted: %s", self.pipeline, pending.id, reason)
         try:
-            self.client.checkpoints({"action": "abort", "pipeline": self.pipeline, "id": pending.id})
+            self.client.checkpoints({"action": "abort", "pipeline": self.pipeline, "id": pending.id, "reason": reason})
         except BlobError as exc:
             log.warning(
                 "pipeline %s: could not tell the server checkpoint %d aborted: %s", self.pipeline, pending.id, exc

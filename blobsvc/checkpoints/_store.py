@@ -14,6 +14,7 @@ previous one.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -162,6 +163,16 @@ class CheckpointStore:
             handle = TaskHandle.from_json(dict(handle))
         with holding(self.client, self.pipeline, checkpoint_id, self.options.hold_seconds):
             return restore(self.pipeline, handle, dest, client=self.client, cache=self.cache, writable=writable)
+
+    def history(self, limit: int = 100) -> builtins.list[dict[str, Any]]:
+        """The server's statistics of the pipeline's last ``limit`` checkpoints, newest first,
+        as Flink's checkpoint history: ``id``, ``kind``, ``status`` (``in_progress``,
+        ``completed``, ``aborted`` with its ``reason``, ``subsumed``), ``trigger_time``,
+        ``duration``, ``acknowledged`` of ``expected`` tasks, ``state_bytes``, ``bytes_sent``,
+        ``bytes_reused``. The completed ones outlive a server restart; the others do not."""
+        reply = self.client.checkpoints({"action": "history", "pipeline": self.pipeline, "limit": limit})
+        history: builtins.list[dict[str, Any]] = reply["history"]
+        return history
 
     def delete(self, checkpoint_id: int) -> None:
         """Delete a completed checkpoint (a savepoint too); its state goes unless another
