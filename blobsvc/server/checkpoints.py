@@ -71,6 +71,7 @@ from ..wire._checkpoints import (
     state_name,
 )
 from ..wire._protocol import ContentKey, JobBlob
+from .checkpoint_retention import RetentionPolicy
 from .checkpoint_stats import DEFAULT_HISTORY, MAX_HISTORY, CheckpointStats, Entry
 
 if TYPE_CHECKING:
@@ -83,7 +84,6 @@ __all__ = ["CheckpointServer", "Checkpoints"]
 log = logging.getLogger("blobsvc.checkpoints")
 _T = TypeVar("_T")
 
-MAX_RETAIN = 10_000
 MAX_TIMEOUT = 7 * 86400.0  # a pending checkpoint or a hold: a week is beyond any use
 MAX_DAMAGED_LISTED = 20  # STATUS names this many damaged records; the count says how many
 # What a client can make the server keep: pending checkpoints (a coordinator has one or a few;
@@ -183,6 +183,8 @@ class Checkpoints:
                 return await self._hold(pipeline, _integer(request, "id"), _seconds(request, "seconds"))
             case "release":
                 return await self._release(pipeline, request.get("token"))
+            case "keep":
+                return await self._keep(pipeline, _integer(request, "id"))
             case "history":
                 limit = _integer(request, "limit", 1, MAX_HISTORY) if "limit" in request else DEFAULT_HISTORY
                 return {"history": await self.history(pipeline, limit)}
@@ -250,13 +252,14 @@ class Checkpoints:
     async def _complete(self, pipeline: str, request: dict[str, Any]) -> dict[str, Any]:
         epoch, checkpoint_id = _integer(request, "epoch"), _integer(request, "id")
         _completions[0] += 1
-        retain = _integer(request, "retain", 1, MAX_RETAIN)
+        policy = RetentionPolicy.from_request(request)
         key = request.get("metadata")
         if not isinstance(key, str) or len(key) != 64:
             raise BadRequest("complete names its metadata blob's key: 64 hex characters")
         metadata, size = await self._read_metadata(pipeline, checkpoint_id, key)
         if metadata.checkpoint_id != checkpoint_id or metadata.pipeline != pipeline:
             raise BadRequest(f"the metadata is checkpoint {metadata.checkpoint_id} of {metadata.pipeline}")
+        score = policy.score_of(metadata)  # before any costly check: a refused checkpoint costs little
         try:
             await self._check_state(pipeline, metadata)
         except (NotFound, DigestMismatch):
@@ -272,6 +275,8 @@ class Checkpoints:
             "metadata": key,
             "metadata_size": size,
             "epoch": epoch,
+            "retention": policy.to_record(),  # the pipeline's policy from now on (checkpoint_retention)
+            "score": score,
             # Statistics for the history, so that they outlive this server (checkpoint_stats).
             "trigger_time": started,
             "duration": max(0.0, time.time() - started),
@@ -288,7 +293,7 @@ class Checkpoints:
         self.stats.completed(
             pipeline, record, state_bytes=metadata.size, bytes_sent=metadata.bytes_sent, tasks=len(metadata.tasks)
         )
-        subsumed = await self._subsume(pipeline, epoch, retain)
+        subsumed = await self._subsume(pipeline, epoch, policy)
         self.stats.subsumed(pipeline, subsumed)
         _crash_point("after-subsume")
         self._discard_later(pipeline)
@@ -328,12 +333,11 @@ class Checkpoints:
         if tasks:
             await asyncio.wait(tasks)
 
-    async def _subsume(self, pipeline: str, epoch: int, retain: int) -> list[int]:
-        """Remove the oldest checkpoints beyond ``retain`` (savepoints never), as the writer."""
+    async def _subsume(self, pipeline: str, epoch: int, policy: RetentionPolicy) -> list[int]:
+        """Remove the checkpoints ``policy`` no longer keeps (savepoints never), as the writer."""
         records = await self._records_call(self.records.records, pipeline)
-        regular = [record["id"] for record in records if not record.get("savepoint")]
         subsumed = []
-        for checkpoint_id in regular[: max(0, len(regular) - retain)]:
+        for checkpoint_id in policy.subsumed(records):
             try:
                 await self._records_call(self.records.remove, pipeline, epoch, checkpoint_id)
             except NotFound:  # an operator deleted it meanwhile
@@ -380,6 +384,15 @@ class Checkpoints:
             log.info("pipeline %s: checkpoint %d deleted", pipeline, checkpoint_id)
             discarded = await self._discard(pipeline)
         return {"discarded": discarded}
+
+    async def _keep(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
+        async with self._lock(pipeline):
+            record = await self._records_call(self.records.keep, pipeline, checkpoint_id)
+        if "problem" in record:
+            raise NotFound(f"checkpoint {checkpoint_id} of {pipeline} cannot be kept: {record['problem']}")
+        self.stats.kept(pipeline, checkpoint_id)
+        log.info("pipeline %s: checkpoint %d kept as a savepoint", pipeline, checkpoint_id)
+        return {"record": record}
 
     async def _hold(self, pipeline: str, checkpoint_id: int, seconds: float) -> dict[str, Any]:
         async with self._lock(pipeline):
