@@ -290,9 +290,10 @@ class Checkpoints:
         self.counts["bytes_sent"] += metadata.bytes_sent
         self.counts["bytes_reused"] += metadata.size - metadata.bytes_sent
         self.last_completed = (pipeline, checkpoint_id, time.time())
-        self.stats.completed(
+        entry = self.stats.completed(
             pipeline, record, state_bytes=metadata.size, bytes_sent=metadata.bytes_sent, tasks=len(metadata.tasks)
         )
+        self.stats.observe(entry)
         subsumed = await self._subsume(pipeline, epoch, policy)
         self.stats.subsumed(pipeline, subsumed)
         _crash_point("after-subsume")
@@ -573,6 +574,9 @@ class Checkpoints:
             "checkpoints_last_completed_id": None if last is None else last[1],
             "checkpoints_last_completed_age_seconds": None if last is None else round(time.time() - last[2], 3),
             "checkpoints_damaged": len(self.damaged),
+            "checkpoints_last_duration_seconds": None if self.stats.last is None else self.stats.last["duration"],
+            "checkpoints_last_state_bytes": None if self.stats.last is None else self.stats.last["state_bytes"],
+            "checkpoints_durations": [*self.stats.durations, self.stats.duration_sum],
             "checkpoints_damaged_records": [
                 f"{pipeline}/{checkpoint_id}: {problem}"
                 for (pipeline, checkpoint_id), problem in list(self.damaged.items())[:MAX_DAMAGED_LISTED]
