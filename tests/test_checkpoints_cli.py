@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from blobsvc._exceptions import InvalidArgument, NotFound
-from blobsvc.checkpoints import CheckpointStore
+from blobsvc.checkpoints import CheckpointError, CheckpointStore
 from blobsvc.cli import main
 from blobsvc.wire._checkpoints import pipeline_job, state_name
 from tests.conftest import ServerThread
@@ -86,3 +86,28 @@ def test_history_keep_delete_and_list_say_what_they_did(server_thread: ServerThr
     assert code == 0 and output.strip() == "pipeline cli-history has no completed checkpoint on this server"
     code, output = run(server_thread, "keep", "cli-history", str(second))
     assert code == 1 and f"no checkpoint {second}" in output
+
+
+def test_spark_tasks_refuse_a_checkpoint_of_other_partitions(server_thread: ServerThread) -> None:
+    from blobsvc.spark._checkpoints import SparkCheckpoints
+    from blobsvc.spark._local import CacheOptions
+
+    store = CheckpointStore(server_thread.address, "repartitioned")
+    with SparkCheckpoints(store, CacheOptions(server_thread.address)) as ckpt:
+        take(store, {str(p): b"%d" % p for p in range(8)})
+        latest = ckpt.latest()
+        assert ckpt.tasks(latest, partitions=8).restore_from is not None
+        with pytest.raises(CheckpointError, match="has 8 tasks, not this job's 4 partitions: use another pipeline"):
+            ckpt.tasks(latest, partitions=4)
+
+
+def test_a_one_shot_command_gives_up_once_when_zookeeper_is_down() -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on: ZooKeeper down
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = CliRunner().invoke(
+        main, ["checkpoints", "list", "p", "-s", f"zk://127.0.0.1:{port}/c", "--connect-timeout", "1"]
+    )
+    assert result.exit_code == 1 and "cannot reach ZooKeeper" in result.output and "1 attempt)" in result.output

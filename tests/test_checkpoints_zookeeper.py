@@ -231,3 +231,15 @@ def test_the_leader_decides_each_checkpoints_life_from_its_zookeeper_records(
         while client.status()["checkpoints_aborted"] == aborted:
             assert time.monotonic() < deadline, "the leader never aborted the silent checkpoint"
             time.sleep(0.2)
+
+
+def test_a_one_shot_command_gives_up_once_when_a_cluster_has_no_leader(zookeeper: ZooKeeper) -> None:
+    from click.testing import CliRunner
+
+    from blobsvc.cli import main
+
+    url = f"zk://{zookeeper.hosts}/nosuchcluster"
+    result = CliRunner().invoke(main, ["checkpoints", "list", "p", "-s", url, "--connect-timeout", "1"])
+    assert result.exit_code == 1 and "no leader for cluster 'nosuchcluster'" in result.output
+    assert "(server zk://" in result.output and "1 attempt)" in result.output  # not 4 attempts of the timeout each
+    assert len(result.output.strip().splitlines()) == 1
