@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -60,12 +62,16 @@ def test_a_whole_restore_that_fails_leaves_nothing(server_thread: ServerThread, 
         assert os.listdir(tmp_path / "out") == []
 
 
-def test_history_keep_delete_and_list_say_what_they_did(server_thread: ServerThread) -> None:
-    with CheckpointStore(server_thread.address, "cli-history", retain=1) as store:
+def test_history_keep_delete_and_list_say_what_they_did(
+    server_thread: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CheckpointStore(server_thread.address, "cli-history", retain=1)
+    with store:
         first = take(store, {"0": b"a"})
         pending = store.begin(tasks=["0"])
         pending.abort("declined by task 0")
         second = take(store, {"0": b"b"})
+        taken_at = store.get(second).timestamp
     code, output = run(server_thread, "history", "cli-history")
     lines = [line.split("\t") for line in output.splitlines()]
     assert code == 0 and [(line[0], line[1]) for line in lines] == [
@@ -76,6 +82,15 @@ def test_history_keep_delete_and_list_say_what_they_did(server_thread: ServerThr
     assert lines[1][-1] == "declined by task 0" and lines[0][5] == "1/1" and lines[0][3].endswith("Z")
     code, output = run(server_thread, "history", "cli-history", "--json")
     assert [json.loads(line)["status"] for line in output.splitlines()] == ["completed", "aborted", "subsumed"]
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # times are UTC whatever the host's zone
+    time.tzset()
+    try:
+        code, output = run(server_thread, "list", "cli-history")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    taken = datetime.fromtimestamp(taken_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert output.split("\t")[1] == taken
     code, output = run(server_thread, "keep", "cli-history", str(second))
     assert code == 0 and f"kept checkpoint {second}" in output
     code, output = run(server_thread, "list", "cli-history", "--json")
