@@ -44,6 +44,10 @@ def test_restore_without_a_task_restores_every_task_at_once(server_thread: Serve
     assert code == 1 and "exists" in output
     code, output = run(server_thread, "restore", "whole", "--task", "7", "-o", str(tmp_path / "x"))
     assert code == 1 and "its tasks: 0, 1, 2" in output
+    code, output = run(server_thread, "restore", "whole", "--task", "0", "-o", "/proc/blobsvc-restore")
+    assert code == 1 and "/proc/blobsvc-restore" in output and ".restore-" not in output and ".part" not in output
+    code, output = run(server_thread, "restore", "whole", "-o", "/proc/blobsvc-restore")
+    assert code == 1 and "/proc/blobsvc-restore" in output and ".restore-" not in output and ".part" not in output
     code, output = run(server_thread, "restore", "whole", "-o", str(tmp_path / "no" / "parent"))
     assert code == 1 and "is not a directory" in output
 
