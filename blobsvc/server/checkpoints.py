@@ -26,8 +26,10 @@ the server keeps them; the records themselves are the recovery mode's
    content. Only then is the record added; a checkpoint whose state is not all there is
    refused, and stays invisible.
 3. **Add first, subsume after.** The record is durable (fsynced file, or ZooKeeper node)
-   before the oldest checkpoints beyond ``retain`` are subsumed: if adding fails, nothing
-   retained is lost. Savepoints are never subsumed.
+   before the checkpoints the pipeline's retention policy no longer keeps are subsumed
+   (:mod:`blobsvc.server.checkpoint_retention`): if adding fails, nothing retained is lost.
+   Savepoints are never subsumed. Each action also tells the pipeline's history
+   (:mod:`blobsvc.server.checkpoint_stats`).
 4. **A replaced writer is fenced.** ``register`` gives a coordinator a new writer epoch;
    ``trigger``, ``complete`` and subsuming name it, and the records refuse (FENCED) an epoch
    that is no longer the pipeline's, in the same atomic step as the write. A new coordinator's
