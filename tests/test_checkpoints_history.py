@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -91,3 +92,20 @@ def test_the_history_is_bounded_by_its_setting_and_completions_are_metrics(setti
     assert value(samples, "blobsvc_checkpoints_duration_seconds_count") == 3
     assert value(samples, "blobsvc_checkpoints_duration_seconds_bucket", le="+Inf") == 3
     assert value(samples, "blobsvc_checkpoints_duration_seconds_bucket", le="1800.0") == 3
+
+
+def test_a_restarted_server_knows_the_pipelines_of_its_records(settings: Settings) -> None:
+    first = ServerThread(settings).start()
+    try:
+        with CheckpointStore(first.address, "known-after-restart", timeout=30) as store:
+            take(store, {"0": b"k"})
+    finally:
+        first.stop()
+    second = ServerThread(settings).start()
+    try:
+        deadline = time.monotonic() + 10
+        while "known-after-restart" not in second.server.checkpoints.pipelines() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the clock lists the records at its first tick
+        assert second.server.checkpoints.pipelines() == ["known-after-restart"]
+    finally:
+        second.stop()

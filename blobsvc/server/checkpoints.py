@@ -165,7 +165,9 @@ class Checkpoints:
         for ticks in itertools.count():
             if ticks % LIST_EVERY_TICKS == 0:
                 try:
-                    self._pending_pipelines.update(await self._records_call(self.records.pipelines))
+                    listed = await self._records_call(self.records.pipelines)
+                    self._pending_pipelines.update(listed)
+                    self.stats.known.update(listed)  # their history is rebuilt when asked for
                 except BlobError as exc:  # ZooKeeper away: the next listing finds them
                     log.debug("checkpoints: pipelines not listed: %s", exc)
             await asyncio.sleep(TICK_SECONDS)
@@ -246,7 +248,8 @@ class Checkpoints:
         raise BadRequest(f"unknown checkpoints action {action!r}")
 
     def pipelines(self) -> list[str]:
-        """The pipelines this server has a checkpoint history of, sorted."""
+        """The pipelines this server knows, sorted: those with records (listed by the clock
+        soon after a start) and those it saw checkpoints of."""
         return self.stats.pipelines()
 
     async def history(self, pipeline: str, limit: int = DEFAULT_HISTORY) -> list[Entry]:
