@@ -109,3 +109,12 @@ def test_a_restarted_server_knows_the_pipelines_of_its_records(settings: Setting
         assert second.server.checkpoints.pipelines() == ["known-after-restart"]
     finally:
         second.stop()
+
+
+def test_asking_for_made_up_pipelines_costs_the_server_no_memory(server_thread: ServerThread) -> None:
+    with CheckpointStore(server_thread.address, "made-up-0") as store:
+        for n in range(50):
+            reply = store.client.checkpoints({"action": "history", "pipeline": f"made-up-{n}"})
+            assert reply == {"history": []}
+    stats = server_thread.server.checkpoints.stats
+    assert not any(name.startswith("made-up") for name in stats.rebuilt | set(stats.pipelines()))

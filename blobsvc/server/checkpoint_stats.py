@@ -94,6 +94,12 @@ class CheckpointStats:
             new_entry(checkpoint_id, savepoint=savepoint, trigger_time=trigger_time, expected=task_count(expected)),
         )
 
+    def mark_rebuilt(self, pipeline: str) -> None:
+        """Its completed checkpoints are in; a pipeline with none is not remembered (a name a
+        client makes up costs nothing here), so asking again lists its records again."""
+        if pipeline in self._history:
+            self.rebuilt.add(pipeline)
+
     def get(self, pipeline: str, checkpoint_id: int) -> Entry | None:
         entries = self._history.get(pipeline)
         return None if entries is None else entries.get(checkpoint_id)

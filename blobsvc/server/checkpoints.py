@@ -274,7 +274,7 @@ class Checkpoints:
             self.stats.completed(
                 pipeline, record, state_bytes=metadata.size, bytes_sent=metadata.bytes_sent, tasks=len(metadata.tasks)
             )
-        self.stats.rebuilt.add(pipeline)
+        self.stats.mark_rebuilt(pipeline)
 
     # --- actions ------------------------------------------------------------------------------
 
