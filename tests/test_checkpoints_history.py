@@ -118,3 +118,14 @@ def test_asking_for_made_up_pipelines_costs_the_server_no_memory(server_thread: 
             assert reply == {"history": []}
     stats = server_thread.server.checkpoints.stats
     assert not any(name.startswith("made-up") for name in stats.rebuilt | set(stats.pipelines()))
+
+
+def test_what_a_coordinator_reports_is_bounded_and_checked(store: CheckpointStore) -> None:
+    epoch = store.coordinator.epoch
+    request = {"action": "trigger", "pipeline": "hist", "epoch": epoch, "timeout": 30}
+    lying = store.client.checkpoints({**request, "expected": 10**12})["id"]
+    store.client.checkpoints({"action": "abort", "pipeline": "hist", "id": lying, "reason": "x" * 10_000})
+    odd = store.client.checkpoints({**request, "expected": "eight"})["id"]
+    history = {entry["id"]: entry for entry in store.history()}
+    assert history[lying]["expected"] is None and len(history[lying]["reason"]) == 500
+    assert history[odd]["expected"] is None and history[odd]["status"] == "in_progress"
