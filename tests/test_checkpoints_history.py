@@ -58,6 +58,10 @@ def test_the_server_object_answers_the_history_and_its_pipelines(server_thread: 
     assert "seen" in checkpoints.pipelines()
     history = asyncio.run_coroutine_threadsafe(checkpoints.history("seen"), server_thread.loop).result(30)
     assert [(e["id"], e["status"]) for e in history] == [(checkpoint_id, "completed")]
+    assert set(history[0]) == {  # what the web page codes against
+        "id", "kind", "status", "reason", "trigger_time", "duration", "acknowledged", "expected",
+        "state_bytes", "bytes_sent", "bytes_reused",
+    }  # fmt: skip
 
 
 def test_completed_checkpoints_history_outlives_a_restart(
