@@ -15,8 +15,10 @@ Its :class:`CheckpointOptions`, Flink's ``CheckpointConfig``:
 * ``tolerable_failures``: checkpoints that may fail in a row before the next trigger raises
   :class:`CheckpointFailuresExceeded` (default None: any number; what counts:
   :mod:`._failures`);
-* ``retain``: completed checkpoints the server keeps (default 1); older ones are subsumed
-  once a newer one is durable. Savepoints are never subsumed.
+* ``retain``: completed checkpoints the server keeps (default 1; None: every one); the others
+  are subsumed once a newer one is durable. With ``score`` (a property's name) and
+  ``score_order`` (``"max"`` or ``"min"``), the ``retain`` best by it and the latest are kept
+  (:mod:`blobsvc.server.checkpoint_retention`). Savepoints are never subsumed.
 
 A savepoint is neither refused by ``max_concurrent`` nor delayed by ``min_pause`` (Flink's
 forced savepoints start at once), though once pending it takes a place like any other.
@@ -59,15 +61,19 @@ class CheckpointOptions:
     max_concurrent: int = 1
     min_pause: float = 0.0
     tolerable_failures: int | None = None
-    retain: int = 1
+    retain: int | None = 1
     hold_seconds: float = DEFAULT_HOLD_SECONDS
     """How long a restore keeps its checkpoint's state from being discarded, at most."""
+    score: str | None = None
+    score_order: str = "max"
 
     def __post_init__(self) -> None:
         if not 0 < self.timeout <= MAX_TIMEOUT or not 0 < self.hold_seconds <= MAX_TIMEOUT:
             raise InvalidArgument("timeout and hold_seconds are seconds, more than 0 and at most a week")
-        if self.max_concurrent < 1 or self.min_pause < 0 or not 1 <= self.retain <= 10_000:
-            raise InvalidArgument("max_concurrent is at least 1, min_pause at least 0, retain from 1 to 10,000")
+        if self.max_concurrent < 1 or self.min_pause < 0 or not (self.retain is None or 1 <= self.retain <= 10_000):
+            raise InvalidArgument("max_concurrent is at least 1, min_pause at least 0, retain None or from 1 to 10,000")
+        if self.score_order not in ("max", "min") or (self.score is not None and not isinstance(self.score, str)):
+            raise InvalidArgument('score is a property\'s name or None; score_order "max" (higher is better) or "min"')
         if self.tolerable_failures is not None and self.tolerable_failures < 0:
             raise InvalidArgument("tolerable_failures is None or at least 0")
 
@@ -127,7 +133,8 @@ class CheckpointCoordinator:
                 "pipeline": self.pipeline,
                 "epoch": self.epoch,
                 "timeout": timeout,
-                "savepoint": savepoint,
+                "savepoint": savepoint,  # the server keeps a pending savepoint apart
+                "expected": len(expected),  # for the server's history only
             }
             try:
                 reply = self.client.checkpoints(request)
@@ -160,6 +167,8 @@ class CheckpointCoordinator:
                 "id": pending.id,
                 "metadata": key,
                 "retain": self.options.retain,
+                "score": self.options.score,
+                "score_order": self.options.score_order,
             }
         )
         with self._lock:
@@ -183,7 +192,7 @@ class CheckpointCoordinator:
             return
         self.failures.failed(self.pipeline, pending.id, reason)
         try:
-            self.client.checkpoints({"action": "abort", "pipeline": self.pipeline, "id": pending.id})
+            self.client.checkpoints({"action": "abort", "pipeline": self.pipeline, "id": pending.id, "reason": reason})
         except BlobError as exc:
             log.warning(
                 "pipeline %s: could not tell the server checkpoint %d aborted: %s", self.pipeline, pending.id, exc

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import blake3
 
-from .._exceptions import DigestMismatch, InvalidArgument, InvalidArgumentType
+from .._exceptions import CheckpointError, DigestMismatch, InvalidArgument, InvalidArgumentType
 from ..cache import BlobCache, JobBlobs
 from ..client import BlobClient
 from ..wire._checkpoints import FileEntry, TaskHandle, pipeline_job, state_name
@@ -72,8 +72,10 @@ def restore(
         if replaces_empty_dir:
             dest.rmdir()
         os.rename(temp, dest)
-    except BaseException:
+    except BaseException as exc:
         remove_tree(temp)
+        if isinstance(exc, OSError):  # name what the user gave, not the temporary file
+            raise CheckpointError(f"cannot restore to {dest}: {exc.strerror or exc}") from exc
         raise
     return dest
 
