@@ -75,6 +75,7 @@ from ..ha import HighAvailability, high_availability
 from ..http import HttpConnection, HttpFace, bad_request_bytes
 from ..http._observe import ABORTED, RequestObserver, op_name
 from ..http._slots import Connection, Slots
+from ..http.ui import OperatorPage
 from ..storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
 from ..storage._commit import GroupCommitter
 from ..wire._netio import SocketStream, bind_listener, body_deadline, header_deadline
@@ -192,6 +193,7 @@ class BlobServer:
         ]
         """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
         event loop and from the metrics thread, so they only read."""
+        OperatorPage(self).add_route(self.http)  # /ui/: the operator's page (blobsvc.http.ui)
         self._started = time.time()
         self._started_clock = time.monotonic()
         self.metrics: ServerMetrics | None = None
