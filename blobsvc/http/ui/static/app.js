@@ -204,7 +204,8 @@ function chart(title, points, value, label) {
   plot.append(svg("line", { x1: left, x2: width - left, y1: height - bottom, y2: height - bottom, stroke: "#cbd5e0" }));
   points.forEach((c, i) => {
     const h = max ? ((height - top - bottom) * value(c)) / max : 0;
-    const bar = svg("rect", { x: left + i * step + 1, y: height - bottom - h, width: Math.max(step - 2, 1), height: h, fill: "#2b6cb0" });
+    const wide = Math.min(Math.max(step - 2, 1), 28);
+    const bar = svg("rect", { x: left + i * step + (step - wide) / 2, y: height - bottom - h, width: wide, height: h, fill: "#2b6cb0" });
     bar.append(svg("title"));
     bar.firstChild.textContent = `#${c.id}: ${label(value(c))}`;
     plot.append(bar);
