@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from blobsvc import BlobClient, Settings, new_job_id
 from blobsvc.cli import main
 from blobsvc.http import signed_url
-from blobsvc.http.ui import COOKIE, MAX_PAGE, SECURITY_HEADERS, page_link
+from blobsvc.http.ui import COOKIE, MAX_PAGE, SECURITY_HEADERS, SNAPSHOT_SECONDS, page_link
 
 from .conftest import ServerThread, with_secret
 
@@ -185,3 +185,25 @@ def test_blobsvc_ui_prints_a_link_the_server_accepts(secret_page: ServerThread, 
     assert unsigned.output.strip() == f"http://127.0.0.1:{port}/ui/"
     missing = CliRunner().invoke(main, ["ui", "--server", "127.0.0.1:1"])
     assert missing.exit_code == 2 and "--http-port" in missing.output
+
+
+def test_files_are_revalidated_by_etag_and_the_data_is_never_cached(page: ServerThread) -> None:
+    port = _port(page)
+    status, body, headers = _body(port, "/ui/app.js")
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript") and body
+    again = _get(port, "/ui/app.js", {"If-None-Match": headers["ETag"]})
+    assert again.status == 304 and again.getheader("ETag") == headers["ETag"]
+    assert _body(port, "/ui/api/overview")[2]["Cache-Control"] == "no-store"
+    moved = _get(port, "/ui")
+    assert moved.status == 308 and moved.getheader("Location") == "/ui/"
+
+
+def test_hosts_are_read_at_most_once_a_snapshot_whatever_the_requests(page: ServerThread) -> None:
+    port = _port(page)
+    with BlobClient(page.address, timeout=10) as client:
+        client.heartbeat({"agent": "first:6140"})
+        assert _json(port, "/ui/api/hosts")["total"] == 1
+        client.heartbeat({"agent": "second:6140"})
+        assert _json(port, "/ui/api/hosts")["total"] == 1  # the same second's reading
+        time.sleep(SNAPSHOT_SECONDS)
+        assert _json(port, "/ui/api/hosts")["total"] == 2

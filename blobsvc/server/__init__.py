@@ -193,7 +193,9 @@ class BlobServer:
         ]
         """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
         event loop and from the metrics thread, so they only read."""
-        OperatorPage(self).add_route(self.http)  # /ui/: the operator's page (blobsvc.http.ui)
+        self.page = OperatorPage(self)
+        """The operator's page, ``/ui/`` on the HTTP face (:mod:`blobsvc.http.ui`)."""
+        self.page.add_route(self.http)
         self._started = time.time()
         self._started_clock = time.monotonic()
         self.metrics: ServerMetrics | None = None

@@ -12,7 +12,7 @@ files, the security headers). It knows the server only as a :class:`PageServer`.
 """
 
 from ._access import COOKIE, PAGE_PATH, page_link
-from ._api import DEFAULT_PAGE, MAX_PAGE, PageServer
+from ._api import DEFAULT_PAGE, MAX_PAGE, SNAPSHOT_SECONDS, PageServer
 from ._page import SECURITY_HEADERS, OperatorPage
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "MAX_PAGE",
     "PAGE_PATH",
     "SECURITY_HEADERS",
+    "SNAPSHOT_SECONDS",
     "OperatorPage",
     "PageServer",
     "page_link",

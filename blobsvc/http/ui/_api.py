@@ -14,14 +14,19 @@
   first (``limit`` only).
 
 What reads the disk (status, jobs) runs in a worker thread, as a scrape of ``/metrics`` does.
+What grows with the cluster (the server's status, the hosts in their order, the pipelines'
+names) is read at most once every :data:`SNAPSHOT_SECONDS` and shared by every request in
+that time, however many pages are open: an answer is at most that old, and 10,000 hosts cost
+one sort a second, not one per request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ...wire._checkpoints import check_pipeline
 from ...wire._ids import job_bytes
@@ -30,10 +35,12 @@ from .. import HttpError
 if TYPE_CHECKING:
     from ...storage import BlobStorage
 
-__all__ = ["DEFAULT_PAGE", "MAX_PAGE", "PageServer", "PageData"]
+__all__ = ["DEFAULT_PAGE", "MAX_PAGE", "SNAPSHOT_SECONDS", "PageServer", "PageData"]
 
 MAX_PAGE = 100  # rows a list answers at most: a screenful or two, a few tens of KiB of JSON
 DEFAULT_PAGE = 50
+SNAPSHOT_SECONDS = 1.0  # the page refreshes every 5 s: a second-old reading is fresh enough
+_T = TypeVar("_T")
 # Hosts the page shows first: the ones needing a look.
 _STATE_ORDER = {"lost": 0, "stopped": 1, "live": 2}
 # What of STATUS the overview shows (the rest is addresses and counters it does not draw).
@@ -72,6 +79,25 @@ class PageServer(Protocol):
     def status(self) -> dict[str, Any]: ...
 
 
+class _Snapshot(Generic[_T]):
+    """What ``read`` returns, read in a worker thread at most once every ``seconds`` (one
+    reading at a time: requests arriving during it wait for it)."""
+
+    def __init__(self, read: Callable[[], _T], seconds: float = SNAPSHOT_SECONDS) -> None:
+        self._read = read
+        self._seconds = seconds
+        self._lock = asyncio.Lock()
+        self._value: _T | None = None
+        self._at = -float("inf")
+
+    async def get(self) -> _T:
+        async with self._lock:
+            if self._value is None or time.monotonic() - self._at >= self._seconds:
+                self._value = await asyncio.to_thread(self._read)
+                self._at = time.monotonic()
+            return self._value
+
+
 def _page(query: Mapping[str, str]) -> tuple[int, int]:
     """``offset`` and ``limit`` of a list request; 400 when either is not a whole number in range."""
     offset = _number(query, "offset", 0, 0, 1 << 31)
@@ -97,6 +123,9 @@ class PageData:
 
     def __init__(self, server: PageServer) -> None:
         self.server = server
+        self._status_reading = _Snapshot(server.status)
+        self._host_list = _Snapshot(self._sorted_hosts)
+        self._pipeline_names = _Snapshot(lambda: sorted(server.checkpoints.pipelines()))
         self.endpoints: dict[str, Callable[[str, Mapping[str, str]], Awaitable[dict[str, Any]]]] = {
             "overview": self._overview,
             "hosts": self._hosts,
@@ -115,7 +144,7 @@ class PageData:
 
     async def _overview(self, rest: str, query: Mapping[str, str]) -> dict[str, Any]:
         _no_more(rest, "overview")
-        status = await asyncio.to_thread(self.server.status)
+        status = await self._status_reading.get()
         overview = {name: status.get(name) for name in _OVERVIEW}
         overview["leader_http"] = _leader_http(status)
         return overview
@@ -123,11 +152,12 @@ class PageData:
     async def _hosts(self, rest: str, query: Mapping[str, str]) -> dict[str, Any]:
         _no_more(rest, "hosts")
         offset, limit = _page(query)
+        return _paged(await self._host_list.get(), offset, limit, "hosts")
+
+    def _sorted_hosts(self) -> list[dict[str, Any]]:
         hosts = self.server.hosts.listing()  # live first, each state by address
         hosts.sort(key=lambda host: _STATE_ORDER[host["state"]])  # stable: by address within a state
-        answer = _paged(hosts, offset, limit, "hosts")
-        answer["hosts"] = [{name: host.get(name) for name in _HOST_FIELDS} for host in answer["hosts"]]
-        return answer
+        return [{name: host.get(name) for name in _HOST_FIELDS} for host in hosts]
 
     async def _jobs(self, rest: str, query: Mapping[str, str]) -> dict[str, Any]:
         offset, limit = _page(query)
@@ -155,18 +185,18 @@ class PageData:
         return answer
 
     async def _pipelines(self, rest: str, query: Mapping[str, str]) -> dict[str, Any]:
-        checkpoints = self.server.checkpoints
+        pipelines = await self._pipeline_names.get()
         if not rest:
             offset, limit = _page(query)
-            return _paged(sorted(checkpoints.pipelines()), offset, limit, "pipelines")
+            return _paged(pipelines, offset, limit, "pipelines")
         try:
             check_pipeline(rest)
         except ValueError as exc:
             raise HttpError(400, str(exc)) from None
-        if rest not in checkpoints.pipelines():
+        if rest not in pipelines:
             raise HttpError(404, f"no pipeline named {rest[:140]!r} has checkpoints here")
         limit = _number(query, "limit", MAX_PAGE, 1, MAX_PAGE)
-        return {"pipeline": rest, "history": await checkpoints.history(rest, limit)}
+        return {"pipeline": rest, "history": await self.server.checkpoints.history(rest, limit)}
 
 
 def _no_more(rest: str, what: str) -> None:
