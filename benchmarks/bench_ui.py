@@ -2,7 +2,7 @@
 
 * ``endpoint_<name>``: each JSON endpoint of ``/ui/api/`` answered by an in-process server
   holding 10,000 hosts and 1,000 pipelines (goal: < 1 ms each). Called straight on the
-  page's :class:`~blobsvc.http.ui._api.PageData` on the server's loop, ``--calls`` times:
+  page's :class:`~blobsvc.ui._api.PageData` on the server's loop, ``--calls`` times:
   wall time per call and CPU time per call of the whole process (``ms_per_call``: answers
   within a snapshot's second, as all but one a second are), and ``cold_ms``, the first
   answer of a fresh page, which reads its snapshot (the status, the 10,000 hosts sorted, the
@@ -52,15 +52,15 @@ from benchmarks.bench_server import (
     small_puts,
 )
 from blobsvc import BlobClient, BlobServer, Settings
-from blobsvc.http.ui._api import PageData
 from blobsvc.server.hosts import HostReport
+from blobsvc.ui._api import PageData
 
 HOSTS = 10_000
 PIPELINES = 1_000
 CALLS = 200
 ROUND_SECONDS = 1.0
 REFRESH = 1.0
-# What the page asks for on each refresh (blobsvc/http/ui/static/app.js).
+# What the page asks for on each refresh (blobsvc/ui/static/app.js).
 PAGE_FILES = ("/ui/", "/ui/app.js", "/ui/app.css", "/ui/icon.svg")
 PAGE_DATA = (
     "/ui/api/overview",

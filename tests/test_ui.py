@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from blobsvc import BlobClient, Settings, new_job_id
 from blobsvc.cli import main
 from blobsvc.http import signed_url
-from blobsvc.http.ui import COOKIE, MAX_PAGE, SECURITY_HEADERS, SNAPSHOT_SECONDS, page_link
+from blobsvc.ui import COOKIE, MAX_PAGE, SECURITY_HEADERS, SNAPSHOT_SECONDS, page_link
 
 from .conftest import ServerThread, with_secret
 

@@ -23,7 +23,7 @@ from benchmarks.harness.agent import run_agent
 from benchmarks.harness.zk import ZooKeeper, running_zookeeper
 from blobsvc import BlobClient, Settings, new_job_id
 from blobsvc.checkpoints import CheckpointAborted, CheckpointStore
-from blobsvc.http.ui import page_link
+from blobsvc.ui import page_link
 
 from .conftest import ServerThread, with_secret
 
@@ -53,7 +53,8 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip("chromium is not installed: scripts/chromium install")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in (*FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium')}", "--window-size=%d,%d" % LAPTOP):
+    profile = tmp_path_factory.mktemp("chromium")  # a fresh profile: no state from another run
+    for flag in (*FLAGS, f"--user-data-dir={profile}", f"--window-size={LAPTOP[0]},{LAPTOP[1]}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
@@ -172,9 +173,7 @@ def test_a_secret_server_shows_nothing_but_a_refusal_without_a_signed_link(
         server.stop()
 
 
-def test_a_standby_names_the_leader_and_links_to_its_page(
-    browser: Any, zookeeper: ZooKeeper, tmp_path: Path
-) -> None:
+def test_a_standby_names_the_leader_and_links_to_its_page(browser: Any, zookeeper: ZooKeeper, tmp_path: Path) -> None:
     def ha(name: str) -> Settings:
         return Settings(
             host="127.0.0.1", port="0", http_port="0", data_dir=tmp_path / name, recovery_mode="zookeeper",

@@ -8,7 +8,6 @@ import json
 import re
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

@@ -33,7 +33,7 @@ def ui(ctx: click.Context, /, http_url: str | None, valid_for: float, **options:
     With the shared secret (--secret-file or BLOBSVC_SECRET_FILE) the link is signed: opening
     it sets a cookie for the page, valid as long as the link. Treat it as a password.
     """
-    from ..http.ui import page_link
+    from ..ui import page_link
 
     settings = load_settings(ctx, options)
     http_url = http_url or settings.http_url

@@ -34,10 +34,10 @@ The part ``blobsvc/server/``: this module (listeners, connections, requests) and
 deletions of a job take turns), ``_logs`` (text or JSON logs), ``hosts`` (the agents'
 registry), ``metrics`` (Prometheus), ``_retention`` (content TTL and the store's byte limit),
 ``checkpoints`` (each pipeline's checkpoints).
-May import :mod:`blobsvc.ha`, :mod:`blobsvc.http`, :mod:`blobsvc.storage`, :mod:`blobsvc.wire`,
-config and exceptions; never the client side. Its helpers never import this module: what they
-use of the server or a connection they name as a Protocol of their own (``FastPathConnection``,
-``MetricsServer``).
+May import :mod:`blobsvc.ha`, :mod:`blobsvc.http`, :mod:`blobsvc.ui` (the operator's page),
+:mod:`blobsvc.storage`, :mod:`blobsvc.wire`, config and exceptions; never the client side.
+Its helpers never import this module: what they use of the server or a connection they name
+as a Protocol of their own (``FastPathConnection``, ``MetricsServer``).
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ from ..ha import HighAvailability, high_availability
 from ..http import HttpConnection, HttpFace, bad_request_bytes
 from ..http._observe import ABORTED, RequestObserver, op_name
 from ..http._slots import Connection, Slots
-from ..http.ui import OperatorPage
 from ..storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
 from ..storage._commit import GroupCommitter
+from ..ui import OperatorPage
 from ..wire._netio import SocketStream, bind_listener, body_deadline, header_deadline
 from ..wire._protocol import (
     NEED_DATA,
@@ -194,7 +194,7 @@ class BlobServer:
         """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
         event loop and from the metrics thread, so they only read."""
         self.page = OperatorPage(self)
-        """The operator's page, ``/ui/`` on the HTTP face (:mod:`blobsvc.http.ui`)."""
+        """The operator's page, ``/ui/`` on the HTTP face (:mod:`blobsvc.ui`)."""
         self.page.add_route(self.http)
         self._started = time.time()
         self._started_clock = time.monotonic()

@@ -6,9 +6,12 @@ executor hosts (lost ones first), its jobs, and each pipeline's checkpoint histo
 chart of durations and sizes. The page is plain HTML, one script and one style sheet shipped
 in the package; it reads the server's JSON every few seconds.
 
-Modules: ``_access`` (who may see it: everyone, or with a secret the holder of a signed link
-and of the cookie it sets), ``_api`` (the JSON, paged and bounded), ``_page`` (the route, the
-files, the security headers). It knows the server only as a :class:`PageServer`.
+The part ``blobsvc/ui/``: ``_access`` (who may see it: everyone, or with a secret the holder
+of a signed link and of the cookie it sets), ``_api`` (the JSON, paged and bounded),
+``_page`` (the route on the HTTP face, the files, the security headers), ``static/`` (the
+page's files). The server adds its route; it knows the server only as a :class:`PageServer`.
+May import :mod:`blobsvc.http` (the face it serves on), the storage (typing only), the wire
+and config; never the server.
 """
 
 from ._access import COOKIE, PAGE_PATH, page_link

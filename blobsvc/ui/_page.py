@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from importlib import resources
 
-from .. import HttpError, HttpFace, HttpRequest, HttpResponse, text_response
+from ..http import HttpError, HttpFace, HttpRequest, HttpResponse, text_response
 from ._access import PAGE_PATH, admit
 from ._api import PageData, PageServer
 

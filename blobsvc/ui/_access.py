@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from http.cookies import CookieError, SimpleCookie
 
-from .. import DEFAULT_EXPIRES_IN, HttpFace, HttpRequest, HttpResponse, signed_url, text_response
+from ..http import DEFAULT_EXPIRES_IN, HttpFace, HttpRequest, HttpResponse, signed_url, text_response
 
 __all__ = ["COOKIE", "PAGE_PATH", "admit", "page_link"]
 

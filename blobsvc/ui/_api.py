@@ -28,12 +28,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from ...wire._checkpoints import check_pipeline
-from ...wire._ids import job_bytes
-from .. import HttpError
+from ..http import HttpError
+from ..wire._checkpoints import check_pipeline
+from ..wire._ids import job_bytes
 
 if TYPE_CHECKING:
-    from ...storage import BlobStorage
+    from ..storage import BlobStorage
 
 __all__ = ["DEFAULT_PAGE", "MAX_PAGE", "SNAPSHOT_SECONDS", "PageServer", "PageData"]
 
