@@ -141,6 +141,7 @@ def test_without_a_signed_link_a_secret_server_serves_nothing_of_the_page(secret
         status, body, headers = _body(port, path)
         assert status == 403 and b"blobsvc ui" in body and SECRET not in body, path
         assert "Set-Cookie" not in headers
+        assert all(headers.get(name) == value for name, value in SECURITY_HEADERS), path
     # A link signed for another path (a blob URL's signature) opens nothing.
     other = signed_url("", "/ui/api/overview", SECRET)
     assert _body(port, other)[0] == 403
