@@ -208,3 +208,15 @@ def test_hosts_are_read_at_most_once_a_snapshot_whatever_the_requests(page: Serv
         assert _json(port, "/ui/api/hosts")["total"] == 1  # the same second's reading
         time.sleep(SNAPSHOT_SECONDS)
         assert _json(port, "/ui/api/hosts")["total"] == 2
+
+
+def test_quick_page_benchmark_times_every_endpoint_a_page_load_and_both_get_rates(tmp_path: Path) -> None:
+    from .test_bench_smoke import run_quick
+
+    records = run_quick("benchmarks.bench_ui", "--tmp-dir", str(tmp_path))
+    benches = {record.get("bench") for record in records}
+    assert {"get_4KiB_page_closed", "get_4KiB_page_open", "page_load"} <= benches
+    summary = records[-1]["summary"]
+    assert set(summary["endpoint_ms"]) >= {"overview", "hosts", "jobs", "pipelines", "pipelines_history"}
+    assert 0 < summary["page_load_bytes"] < 500_000 and summary["median_ops_open_over_closed"] > 0
+    assert list(tmp_path.iterdir()) == []
