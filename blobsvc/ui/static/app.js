@@ -197,7 +197,7 @@ async function drawPipelines() {
 }
 
 function chart(title, points, value, label) {
-  const width = 600, height = 160, left = 8, top = 18, bottom = 18;
+  const width = 600, height = 180, left = 8, top = 24, bottom = 24;
   const plot = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": title });
   const max = Math.max(...points.map(value), 0);
   const step = (width - 2 * left) / Math.max(points.length, 1);
@@ -210,9 +210,9 @@ function chart(title, points, value, label) {
     bar.firstChild.textContent = `#${c.id}: ${label(value(c))}`;
     plot.append(bar);
   });
-  const caption = svg("text", { x: left, y: 12 });
+  const caption = svg("text", { x: left, y: 16 });
   caption.textContent = `${title} (max ${label(max)})`;
-  const axis = svg("text", { x: left, y: height - 4 });
+  const axis = svg("text", { x: left, y: height - 6 });
   axis.textContent = points.length ? `#${points[0].id} … #${points[points.length - 1].id}` : "no completed checkpoint yet";
   plot.append(caption, axis);
   return el("div", { class: "chart" }, plot);
