@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from blobsvc import BlobClient, Settings, new_job_id
+from blobsvc.checkpoints import CheckpointStore
 from blobsvc.cli import main
 from blobsvc.http import signed_url
 from blobsvc.ui import COOKIE, MAX_PAGE, SECURITY_HEADERS, SNAPSHOT_SECONDS, page_link
@@ -220,3 +221,20 @@ def test_quick_page_benchmark_times_every_endpoint_a_page_load_and_both_get_rate
     assert set(summary["endpoint_ms"]) >= {"overview", "hosts", "jobs", "pipelines", "pipelines_history"}
     assert 0 < summary["page_load_bytes"] < 500_000 and summary["median_ops_open_over_closed"] > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pipelines_history_is_newest_first_with_those_in_progress(page: ServerThread) -> None:
+    port = _port(page)
+    with CheckpointStore(page.address, "orders", retain=5, timeout=30) as store:
+        for batch in range(2):
+            with store.begin(tasks=["0"]) as pending:
+                pending.acknowledge("0", store.snapshot("0", b"state %d" % batch))
+        waiting = store.begin(tasks=["0"])
+        time.sleep(SNAPSHOT_SECONDS)  # a snapshot of the names may predate the pipeline
+        assert _json(port, "/ui/api/pipelines")["pipelines"] == ["orders"]
+        answer = _json(port, "/ui/api/pipelines/orders")
+        rows = [(row["id"], row["status"]) for row in answer["history"]]
+        assert rows[:3] == [(3, "in_progress"), (2, "completed"), (1, "completed")], rows
+        assert [row["id"] for row in _json(port, "/ui/api/pipelines/orders?limit=1")["history"]] == [3]
+        assert _body(port, "/ui/api/pipelines/unknown")[0] == 404
+        waiting.abort("done looking")

@@ -11,7 +11,8 @@
 * ``jobs``: the jobs stored, by id, with their blobs and bytes; ``jobs/<job hex>``: one
   job's names, by name;
 * ``pipelines``: the pipelines' names; ``pipelines/<name>``: its checkpoint history, newest
-  first (``limit`` only).
+  first (``limit`` only). Both say ``statistics``: false when the server keeps none, and the
+  history is what the records hold (:mod:`blobsvc.ui._history`).
 
 What reads the disk (status, jobs) runs in a worker thread, as a scrape of ``/metrics`` does.
 What grows with the cluster (the server's status, the hosts in their order, the pipelines'
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from ..http import HttpError
 from ..wire._checkpoints import check_pipeline
 from ..wire._ids import job_bytes
+from ._history import CheckpointLister, history_source
 
 if TYPE_CHECKING:
     from ..storage import BlobStorage
@@ -58,12 +60,6 @@ class HostSource(Protocol):
     def listing(self) -> list[dict[str, Any]]: ...
 
 
-class HistorySource(Protocol):
-    def pipelines(self) -> list[str]: ...
-
-    async def history(self, pipeline: str, limit: int = 100) -> list[dict[str, Any]]: ...
-
-
 class PageServer(Protocol):
     """What the page reads of the server (the BlobServer is one)."""
 
@@ -71,7 +67,7 @@ class PageServer(Protocol):
     def hosts(self) -> HostSource: ...
 
     @property
-    def checkpoints(self) -> HistorySource: ...
+    def checkpoints(self) -> CheckpointLister: ...
 
     @property
     def storage(self) -> BlobStorage: ...
@@ -125,7 +121,9 @@ class PageData:
         self.server = server
         self._status_reading = _Snapshot(server.status)
         self._host_list = _Snapshot(self._sorted_hosts)
-        self._pipeline_names = _Snapshot(lambda: sorted(server.checkpoints.pipelines()))
+        self._history, self.statistics = history_source(server.checkpoints)
+        """Whether the server keeps checkpoint statistics (else the history is the records')."""
+        self._pipeline_names = _Snapshot(lambda: sorted(self._history.pipelines()))
         self.endpoints: dict[str, Callable[[str, Mapping[str, str]], Awaitable[dict[str, Any]]]] = {
             "overview": self._overview,
             "hosts": self._hosts,
@@ -188,7 +186,7 @@ class PageData:
         pipelines = await self._pipeline_names.get()
         if not rest:
             offset, limit = _page(query)
-            return _paged(pipelines, offset, limit, "pipelines")
+            return {**_paged(pipelines, offset, limit, "pipelines"), "statistics": self.statistics}
         try:
             check_pipeline(rest)
         except ValueError as exc:
@@ -196,7 +194,8 @@ class PageData:
         if rest not in pipelines:
             raise HttpError(404, f"no pipeline named {rest[:140]!r} has checkpoints here")
         limit = _number(query, "limit", MAX_PAGE, 1, MAX_PAGE)
-        return {"pipeline": rest, "history": await self.server.checkpoints.history(rest, limit)}
+        history = await self._history.history(rest, limit)
+        return {"pipeline": rest, "statistics": self.statistics, "history": history}
 
 
 def _no_more(rest: str, what: str) -> None:

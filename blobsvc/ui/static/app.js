@@ -180,7 +180,8 @@ async function drawPipelines() {
     charts.replaceChildren();
     return;
   }
-  const { history: checkpoints } = await get(`/ui/api/pipelines/${encodeURIComponent(view.pipeline)}`);
+  const { history: checkpoints, statistics } = await get(`/ui/api/pipelines/${encodeURIComponent(view.pipeline)}`);
+  document.getElementById("partial").hidden = statistics;
   const rows = checkpoints.map((c) => el("tr", {},
     cell(c.id, "num"), cell(c.kind), el("td", {}, el("span", { class: `state ${c.status}`, text: c.status.replace("_", " ") })),
     el("td", { class: "reason", text: c.reason || "" }), cell(when(c.trigger_time)), cell(span(c.duration), "num"),
