@@ -44,7 +44,7 @@ DEFAULT_PAGE = 50
 SNAPSHOT_SECONDS = 1.0  # the page refreshes every 5 s: a second-old reading is fresh enough
 _T = TypeVar("_T")
 # Hosts the page shows first: the ones needing a look.
-_STATE_ORDER = {"lost": 0, "stopped": 1, "live": 2}
+_STATE_ORDER = ("lost", "stopped", "live")
 # What of STATUS the overview shows (the rest is addresses and counters it does not draw).
 _OVERVIEW = (
     "version", "role", "mode", "leader", "cluster_id", "ha_store", "ha_blobs", "ha_store_error",
@@ -150,12 +150,15 @@ class PageData:
     async def _hosts(self, rest: str, query: Mapping[str, str]) -> dict[str, Any]:
         _no_more(rest, "hosts")
         offset, limit = _page(query)
-        return _paged(await self._host_list.get(), offset, limit, "hosts")
+        answer = _paged(await self._host_list.get(), offset, limit, "hosts")
+        answer["hosts"] = [{name: host.get(name) for name in _HOST_FIELDS} for host in answer["hosts"]]
+        return answer
 
     def _sorted_hosts(self) -> list[dict[str, Any]]:
-        hosts = self.server.hosts.listing()  # live first, each state by address
-        hosts.sort(key=lambda host: _STATE_ORDER[host["state"]])  # stable: by address within a state
-        return [{name: host.get(name) for name in _HOST_FIELDS} for host in hosts]
+        groups: dict[str, list[dict[str, Any]]] = {state: [] for state in _STATE_ORDER}
+        for host in self.server.hosts.listing():  # each state by address
+            groups[host["state"]].append(host)
+        return [host for state in _STATE_ORDER for host in groups[state]]
 
     async def _jobs(self, rest: str, query: Mapping[str, str]) -> dict[str, Any]:
         offset, limit = _page(query)
