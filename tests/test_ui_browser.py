@@ -8,6 +8,7 @@ docs/images/ui-*.png are made: ``BLOBSVC_UI_SCREENSHOTS=docs/images pytest tests
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -87,15 +88,18 @@ def _text(driver: Any, element_id: str) -> str:
 
 
 def _screenshot(driver: Any, tmp_path: Path, name: str, size: tuple[int, int]) -> Path:
+    """The whole page (up to 2,400 pixels high) at ``size``'s width, as a PNG."""
     folder = Path(os.environ.get("BLOBSVC_UI_SCREENSHOTS") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
     driver.set_window_size(*size)
     time.sleep(0.3)  # a layout pass at the new width
-    tall = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(size[0], min(max(tall, size[1]), 2400))  # the whole page, for the docs
-    time.sleep(0.3)
+    width, tall = driver.execute_script("return [window.innerWidth, document.documentElement.scrollHeight]")
+    sideways = driver.execute_script("return document.documentElement.scrollWidth > window.innerWidth")
+    assert not sideways, f"the page scrolls sideways at {size[0]} pixels"
+    clip = {"x": 0, "y": 0, "width": width, "height": min(tall, 2400), "scale": 1}
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"captureBeyondViewport": True, "clip": clip})
     path = folder / f"ui-{name}.png"
-    driver.save_screenshot(str(path))
+    path.write_bytes(base64.b64decode(shot["data"]))
     driver.set_window_size(*LAPTOP)
     return path
 

@@ -191,6 +191,7 @@ async function drawPipelines() {
   table(history, [["id", "num"], ["kind"], ["status"], ["reason"], ["triggered (UTC)"], ["duration", "num"],
     ["acknowledged", "num"], ["state size", "num"], ["sent", "num"], ["reused", "num"]], rows);
   const done = checkpoints.filter((c) => c.status === "completed" || c.status === "subsumed").slice(0, CHART_POINTS).reverse();
+  if (!statistics) { charts.replaceChildren(); return; } // no durations or sizes to draw
   charts.replaceChildren(
     chart(`${view.pipeline}: duration of the last ${done.length} checkpoints`, done, (c) => c.duration || 0, span),
     chart(`${view.pipeline}: state size`, done, (c) => c.state_bytes || 0, bytes),
