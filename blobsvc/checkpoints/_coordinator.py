@@ -14,8 +14,10 @@ Its :class:`CheckpointOptions`, Flink's ``CheckpointConfig``:
 * ``min_pause``: :meth:`trigger` first waits until this long after the last completion;
 * ``tolerable_failures``: checkpoints that may fail in a row before the next trigger raises
   :class:`CheckpointFailuresExceeded` (default None: any number);
-* ``retain``: completed checkpoints the server keeps (default 1); older ones are subsumed
-  once a newer one is durable. Savepoints are never subsumed.
+* ``retain``: completed checkpoints the server keeps (default 1; None: every one); the others
+  are subsumed once a newer one is durable. With ``score`` (a property's name) and
+  ``score_order`` (``"max"`` or ``"min"``), the ``retain`` best by it and the latest are kept
+  (:mod:`blobsvc.server.checkpoint_retention`). Savepoints are never subsumed.
 
 Completing a checkpoint writes its metadata as the blob ``meta/<id>`` of the pipeline's job,
 then asks the server to add the record, which checks that blob and every state file it
@@ -53,15 +55,19 @@ class CheckpointOptions:
     max_concurrent: int = 1
     min_pause: float = 0.0
     tolerable_failures: int | None = None
-    retain: int = 1
+    retain: int | None = 1
     hold_seconds: float = DEFAULT_HOLD_SECONDS
     """How long a restore keeps its checkpoint's state from being discarded, at most."""
+    score: str | None = None
+    score_order: str = "max"
 
     def __post_init__(self) -> None:
         if not 0 < self.timeout <= MAX_TIMEOUT or not 0 < self.hold_seconds <= MAX_TIMEOUT:
             raise InvalidArgument("timeout and hold_seconds are seconds, more than 0 and at most a week")
-        if self.max_concurrent < 1 or self.min_pause < 0 or not 1 <= self.retain <= 10_000:
-            raise InvalidArgument("max_concurrent is at least 1, min_pause at least 0, retain from 1 to 10,000")
+        if self.max_concurrent < 1 or self.min_pause < 0 or not (self.retain is None or 1 <= self.retain <= 10_000):
+            raise InvalidArgument("max_concurrent is at least 1, min_pause at least 0, retain None or from 1 to 10,000")
+        if self.score_order not in ("max", "min") or (self.score is not None and not isinstance(self.score, str)):
+            raise InvalidArgument('score is a property\'s name or None; score_order "max" (higher is better) or "min"')
         if self.tolerable_failures is not None and self.tolerable_failures < 0:
             raise InvalidArgument("tolerable_failures is None or at least 0")
 
@@ -116,7 +122,14 @@ class CheckpointCoordinator:
                     f"at most {self.options.max_concurrent} at once"
                 )
             reply = self.client.checkpoints(
-                {"action": "trigger", "pipeline": self.pipeline, "epoch": self.epoch, "timeout": timeout}
+                {
+                    "action": "trigger",
+                    "pipeline": self.pipeline,
+                    "epoch": self.epoch,
+                    "timeout": timeout,
+                    "savepoint": savepoint,  # these two for the server's history only
+                    "expected": len(expected),
+                }
             )
             pending = PendingCheckpoint(
                 self,
@@ -144,6 +157,8 @@ class CheckpointCoordinator:
                 "id": pending.id,
                 "metadata": key,
                 "retain": self.options.retain,
+                "score": self.options.score,
+                "score_order": self.options.score_order,
             }
         )
         with self._lock:
@@ -161,7 +176,7 @@ class CheckpointCoordinator:
         self.failures.failed(self.pipeline, pending.id, reason)
         log.warning("pipeline %s: checkpoint %d aborted: %s", self.pipeline, pending.id, reason)
         try:
-            self.client.checkpoints({"action": "abort", "pipeline": self.pipeline, "id": pending.id})
+            self.client.checkpoints({"action": "abort", "pipeline": self.pipeline, "id": pending.id, "reason": reason})
         except BlobError as exc:
             log.warning(
                 "pipeline %s: could not tell the server checkpoint %d aborted: %s", self.pipeline, pending.id, exc

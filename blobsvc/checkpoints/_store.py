@@ -14,14 +14,16 @@ previous one.
 
 from __future__ import annotations
 
+import builtins
 import logging
+import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .._exceptions import CheckpointError, InvalidArgumentType, NotFound
+from .._exceptions import CheckpointError, InvalidArgument, InvalidArgumentType, NotFound
 from ..cache import BlobCache
 from ..client import BlobClient
 from ..wire._checkpoints import Task, TaskHandle, check_pipeline
@@ -40,8 +42,12 @@ class CheckpointStore:
     """The checkpoints of ``pipeline`` (a name that outlives applications) on ``server``.
 
     ``server`` is ``"host:port"``, a ``zk://`` URL, or a :class:`BlobClient` (for a secret,
-    TLS, timeouts). ``retain`` completed checkpoints are kept (savepoints besides); the other
-    options are :class:`CheckpointOptions`'. With a ``cache``, restores go through it:
+    TLS, timeouts). ``retain`` completed checkpoints are kept (savepoints besides; None keeps
+    every one): the newest, or with ``score`` the best by that numeric property (``score_order``
+    ``"max"``: higher is better, ``"min"``: lower is) and the latest besides. A checkpoint
+    without the property, or with a non-number, is refused at :meth:`begin`. The server applies
+    the policy of the pipeline's newest completion. The other options are
+    :class:`CheckpointOptions`'. With a ``cache``, restores go through it:
     verified, fetched once per host.
     """
 
@@ -49,8 +55,10 @@ class CheckpointStore:
         self,
         server: str | BlobClient,
         pipeline: str,
-        retain: int = 1,
+        retain: int | None = 1,
         *,
+        score: str | None = None,
+        score_order: str = "max",
         timeout: float = 600.0,
         max_concurrent: int = 1,
         min_pause: float = 0.0,
@@ -63,7 +71,9 @@ class CheckpointStore:
                 f"a checkpoint store's server is 'host:port', a zk:// URL or a BlobClient, not {type(server).__name__}"
             )
         self.pipeline = check_pipeline(pipeline)
-        self.options = CheckpointOptions(timeout, max_concurrent, min_pause, tolerable_failures, retain, hold_seconds)
+        self.options = CheckpointOptions(
+            timeout, max_concurrent, min_pause, tolerable_failures, retain, hold_seconds, score, score_order
+        )
         self._owns_client = isinstance(server, str)
         self.client = BlobClient(server) if isinstance(server, str) else server
         self.cache = cache
@@ -88,6 +98,14 @@ class CheckpointStore:
         Use it as a context manager: leaving the block completes it (every task acknowledged)
         or aborts it (an exception, a task missing). A savepoint is never subsumed; ``timeout``
         overrides the store's for this checkpoint."""
+        score = self.options.score
+        if score is not None and not savepoint:
+            value = (properties or {}).get(score)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                raise InvalidArgument(
+                    f"pipeline {self.pipeline} keeps its best checkpoints by {score!r}: "
+                    f"give begin(properties={{{score!r}: <a number>}}), not {value!r}"
+                )
         return self.coordinator.trigger(tasks, properties, savepoint=savepoint, timeout=timeout)
 
     def snapshot(self, task: Task, source: StateSource) -> TaskHandle:
@@ -112,6 +130,20 @@ class CheckpointStore:
             except CheckpointError as exc:
                 log.warning("%s", exc)
         return found
+
+    def best(self) -> CompletedCheckpoint | None:
+        """The completed checkpoint (not savepoint) with the best ``score`` (the newest of
+        equals); None when there is none. Only for a store with a ``score``."""
+        score = self.options.score
+        if score is None:
+            raise InvalidArgument("best() ranks by a score: make the store with score='<property>'")
+        sign = -1.0 if self.options.score_order == "max" else 1.0
+        ranked = []
+        for checkpoint in self.list():
+            value = checkpoint.properties.get(score)
+            if not checkpoint.savepoint and isinstance(value, int | float) and not isinstance(value, bool):
+                ranked.append((sign * value, -checkpoint.id, checkpoint))
+        return min(ranked, key=lambda entry: entry[:2])[2] if ranked else None
 
     def latest(self) -> CompletedCheckpoint | None:
         """The newest completed checkpoint that can be restored; None when there is none. One
@@ -162,6 +194,21 @@ class CheckpointStore:
             handle = TaskHandle.from_json(dict(handle))
         with holding(self.client, self.pipeline, checkpoint_id, self.options.hold_seconds):
             return restore(self.pipeline, handle, dest, client=self.client, cache=self.cache, writable=writable)
+
+    def history(self, limit: int = 100) -> builtins.list[dict[str, Any]]:
+        """The server's statistics of the pipeline's last ``limit`` checkpoints, newest first,
+        as Flink's checkpoint history: ``id``, ``kind``, ``status`` (``in_progress``,
+        ``completed``, ``aborted`` with its ``reason``, ``subsumed``), ``trigger_time``,
+        ``duration``, ``acknowledged`` of ``expected`` tasks, ``state_bytes``, ``bytes_sent``,
+        ``bytes_reused``. The completed ones outlive a server restart; the others do not."""
+        reply = self.client.checkpoints({"action": "history", "pipeline": self.pipeline, "limit": limit})
+        history: builtins.list[dict[str, Any]] = reply["history"]
+        return history
+
+    def keep(self, checkpoint_id: int) -> None:
+        """Make completed checkpoint ``checkpoint_id`` a savepoint: never subsumed by any
+        retention policy, kept until :meth:`delete`. :class:`NotFound` when there is none."""
+        self.client.checkpoints({"action": "keep", "pipeline": self.pipeline, "id": checkpoint_id})
 
     def delete(self, checkpoint_id: int) -> None:
         """Delete a completed checkpoint (a savepoint too); its state goes unless another

@@ -109,6 +109,10 @@ class CheckpointRecords(Protocol):
     def records(self, pipeline: str) -> list[Record]:
         """The completed checkpoints' records, by id."""
 
+    def keep(self, pipeline: str, checkpoint_id: int) -> Record:
+        """Make a completed checkpoint a savepoint (never subsumed), atomically; its record as
+        it is now. :class:`NotFound` when there is none."""
+
     def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float) -> None:
         """Record a triggered checkpoint until ``deadline`` (Unix time), if ``epoch`` is still
         the writer's (else :class:`Fenced`)."""
@@ -175,6 +179,19 @@ class FileCheckpointRecords:
             if not (self.root / path).exists():
                 raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}")
             self._files.remove(path)
+
+    def keep(self, pipeline: str, checkpoint_id: int) -> Record:
+        check_pipeline(pipeline)
+        path = f"{pipeline}/completed/{_id_name(checkpoint_id)}"
+        with self._lock:
+            try:
+                record = _parse_record(checkpoint_id, (self.root / path).read_bytes())
+            except FileNotFoundError:
+                raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}") from None
+            if "problem" not in record and not record.get("savepoint"):
+                record["savepoint"] = True
+                self._files.write_bytes(path, _encode(record))
+            return record
 
     def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float) -> None:
         check_pipeline(pipeline)
@@ -314,6 +331,28 @@ class ZooKeeperCheckpointRecords:
             self._commit(transaction, pipeline, epoch)
         except NoNodeError:
             raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}") from None
+
+    def keep(self, pipeline: str, checkpoint_id: int) -> Record:
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        node = f"{self._root(pipeline)}/completed/{_id_name(checkpoint_id)}"
+        try:
+            raw, stat = self.client.get(node)
+        except NoNodeError:
+            raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}") from None
+        record = _parse_record(checkpoint_id, raw)
+        if "problem" in record or record.get("savepoint"):
+            return record
+        record["savepoint"] = True
+        transaction = self._transaction()
+        transaction.set_data(node, _encode(record), version=stat.version)
+        try:
+            self._commit(transaction, pipeline)
+        except NoNodeError:
+            raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}") from None
+        except BadVersionError:  # only keep changes a record: another keep came first
+            pass
+        return record
 
     def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float) -> None:
         root = self._ensure(pipeline)

@@ -71,6 +71,8 @@ from ..wire._checkpoints import (
     state_name,
 )
 from ..wire._protocol import ContentKey, JobBlob
+from .checkpoint_retention import RetentionPolicy
+from .checkpoint_stats import DEFAULT_HISTORY, MAX_HISTORY, CheckpointStats, Entry
 
 if TYPE_CHECKING:
     from ..ha import HighAvailability
@@ -82,7 +84,6 @@ __all__ = ["CheckpointServer", "Checkpoints"]
 log = logging.getLogger("blobsvc.checkpoints")
 _T = TypeVar("_T")
 
-MAX_RETAIN = 10_000
 MAX_TIMEOUT = 7 * 86400.0  # a pending checkpoint or a hold: a week is beyond any use
 MAX_DAMAGED_LISTED = 20  # STATUS names this many damaged records; the count says how many
 # What a client can make the server keep: pending checkpoints (a coordinator has one or a few;
@@ -123,8 +124,9 @@ class CheckpointServer(Protocol):
 class Checkpoints:
     """Every pipeline's checkpoints on one server; :meth:`handle` answers a CHECKPOINTS request."""
 
-    def __init__(self, server: CheckpointServer) -> None:
+    def __init__(self, server: CheckpointServer, history: int = DEFAULT_HISTORY) -> None:
         self.server = server
+        self.stats = CheckpointStats(history)
         self._records: CheckpointRecords | None = None
         self._stripes = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
         self._holds: dict[str, dict[str, tuple[float, int, frozenset[bytes]]]] = {}  # → token → (deadline, id, keys)
@@ -159,12 +161,20 @@ class Checkpoints:
                 return await self._register(pipeline)
             case "trigger":  # under the lock: a registration cannot slip between its check and its id
                 async with self._lock(pipeline):
-                    return await self._trigger(pipeline, _integer(request, "epoch"), _seconds(request, "timeout"))
+                    reply = await self._trigger(pipeline, _integer(request, "epoch"), _seconds(request, "timeout"))
+                self.stats.triggered(
+                    pipeline,
+                    reply["id"],
+                    time.time(),
+                    savepoint=request.get("savepoint") is True,
+                    expected=request.get("expected"),
+                )
+                return reply
             case "complete":
                 async with self._lock(pipeline):
                     return await self._complete(pipeline, request)
             case "abort":
-                return await self._abort(pipeline, _integer(request, "id"))
+                return await self._abort(pipeline, _integer(request, "id"), _reason(request))
             case "list":
                 return await self._list(pipeline)
             case "delete":
@@ -173,7 +183,40 @@ class Checkpoints:
                 return await self._hold(pipeline, _integer(request, "id"), _seconds(request, "seconds"))
             case "release":
                 return await self._release(pipeline, request.get("token"))
+            case "keep":
+                return await self._keep(pipeline, _integer(request, "id"))
+            case "history":
+                limit = _integer(request, "limit", 1, MAX_HISTORY) if "limit" in request else DEFAULT_HISTORY
+                return {"history": await self.history(pipeline, limit)}
         raise BadRequest(f"unknown checkpoints action {action!r}")
+
+    def pipelines(self) -> list[str]:
+        """The pipelines this server has a checkpoint history of, sorted."""
+        return self.stats.pipelines()
+
+    async def history(self, pipeline: str, limit: int = DEFAULT_HISTORY) -> list[Entry]:
+        """The pipeline's last ``limit`` checkpoints' statistics, newest first
+        (:mod:`blobsvc.server.checkpoint_stats`). The first call for a pipeline after a start
+        rebuilds its completed checkpoints from their records and metadata."""
+        pipeline = check_pipeline(pipeline)
+        await self._live_pending(pipeline)  # those past their deadline show as aborted
+        if pipeline not in self.stats.rebuilt:
+            await self._rebuild(pipeline)
+        return self.stats.history(pipeline, limit)
+
+    async def _rebuild(self, pipeline: str) -> None:
+        records = await self._records_call(self.records.records, pipeline)
+        for record in records[-self.stats.limit :]:
+            if "problem" in record or self.stats.get(pipeline, record["id"]) is not None:
+                continue
+            try:
+                metadata, _ = await self._read_metadata(pipeline, record["id"], record["metadata"])
+            except (NotFound, DigestMismatch, BadRequest):
+                continue  # list reports it; a history shows what can be shown
+            self.stats.completed(
+                pipeline, record, state_bytes=metadata.size, bytes_sent=metadata.bytes_sent, tasks=len(metadata.tasks)
+            )
+        self.stats.rebuilt.add(pipeline)
 
     # --- actions ------------------------------------------------------------------------------
 
@@ -185,6 +228,10 @@ class Checkpoints:
             older = [i for i, entry in pending.items() if entry.get("epoch") != epoch]
             await self._records_call(self.records.remove_pending, pipeline, older)
             self.counts["aborted"] += len(older)
+            for checkpoint_id in older:
+                self.stats.aborted(
+                    pipeline, checkpoint_id, f"its coordinator was replaced by epoch {epoch}", time.time()
+                )
         log.info("pipeline %s: coordinator epoch %d registered", pipeline, epoch)
         return {"epoch": epoch}
 
@@ -205,19 +252,22 @@ class Checkpoints:
     async def _complete(self, pipeline: str, request: dict[str, Any]) -> dict[str, Any]:
         epoch, checkpoint_id = _integer(request, "epoch"), _integer(request, "id")
         _completions[0] += 1
-        retain = _integer(request, "retain", 1, MAX_RETAIN)
+        policy = RetentionPolicy.from_request(request)
         key = request.get("metadata")
         if not isinstance(key, str) or len(key) != 64:
             raise BadRequest("complete names its metadata blob's key: 64 hex characters")
         metadata, size = await self._read_metadata(pipeline, checkpoint_id, key)
         if metadata.checkpoint_id != checkpoint_id or metadata.pipeline != pipeline:
             raise BadRequest(f"the metadata is checkpoint {metadata.checkpoint_id} of {metadata.pipeline}")
+        score = policy.score_of(metadata)  # before any costly check: a refused checkpoint costs little
         try:
             await self._check_state(pipeline, metadata)
         except (NotFound, DigestMismatch):
             # A replaced coordinator's state is discarded once the new one completes: say why.
             await self._check_writer(pipeline, epoch)
             raise
+        triggered = self.stats.get(pipeline, checkpoint_id)
+        started = metadata.timestamp if triggered is None else triggered["trigger_time"]
         record = {
             "id": checkpoint_id,
             "timestamp": metadata.timestamp,
@@ -225,6 +275,12 @@ class Checkpoints:
             "metadata": key,
             "metadata_size": size,
             "epoch": epoch,
+            "retention": policy.to_record(),  # the pipeline's policy from now on (checkpoint_retention)
+            "score": score,
+            # Statistics for the history, so that they outlive this server (checkpoint_stats).
+            "trigger_time": started,
+            "duration": max(0.0, time.time() - started),
+            "expected": len(metadata.tasks) if triggered is None else triggered["expected"] or len(metadata.tasks),
         }
         _crash_point("before-record")
         await self._records_call(self.records.add, pipeline, epoch, record)  # FENCED when replaced
@@ -234,7 +290,11 @@ class Checkpoints:
         self.counts["bytes_sent"] += metadata.bytes_sent
         self.counts["bytes_reused"] += metadata.size - metadata.bytes_sent
         self.last_completed = (pipeline, checkpoint_id, time.time())
-        subsumed = await self._subsume(pipeline, epoch, retain)
+        self.stats.completed(
+            pipeline, record, state_bytes=metadata.size, bytes_sent=metadata.bytes_sent, tasks=len(metadata.tasks)
+        )
+        subsumed = await self._subsume(pipeline, epoch, policy)
+        self.stats.subsumed(pipeline, subsumed)
         _crash_point("after-subsume")
         self._discard_later(pipeline)
         return {"record": record, "subsumed": subsumed}
@@ -273,12 +333,11 @@ class Checkpoints:
         if tasks:
             await asyncio.wait(tasks)
 
-    async def _subsume(self, pipeline: str, epoch: int, retain: int) -> list[int]:
-        """Remove the oldest checkpoints beyond ``retain`` (savepoints never), as the writer."""
+    async def _subsume(self, pipeline: str, epoch: int, policy: RetentionPolicy) -> list[int]:
+        """Remove the checkpoints ``policy`` no longer keeps (savepoints never), as the writer."""
         records = await self._records_call(self.records.records, pipeline)
-        regular = [record["id"] for record in records if not record.get("savepoint")]
         subsumed = []
-        for checkpoint_id in regular[: max(0, len(regular) - retain)]:
+        for checkpoint_id in policy.subsumed(records):
             try:
                 await self._records_call(self.records.remove, pipeline, epoch, checkpoint_id)
             except NotFound:  # an operator deleted it meanwhile
@@ -289,11 +348,12 @@ class Checkpoints:
             log.info("pipeline %s: subsumed checkpoints %s", pipeline, subsumed)
         return subsumed
 
-    async def _abort(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
+    async def _abort(self, pipeline: str, checkpoint_id: int, reason: str) -> dict[str, Any]:
         async with self._lock(pipeline):
             if checkpoint_id in await self._records_call(self.records.pending, pipeline):
                 await self._records_call(self.records.remove_pending, pipeline, [checkpoint_id])
                 self.counts["aborted"] += 1
+                self.stats.aborted(pipeline, checkpoint_id, reason, time.time())
             discarded = await self._discard(pipeline)
         return {"discarded": discarded}
 
@@ -320,9 +380,19 @@ class Checkpoints:
         async with self._lock(pipeline):
             await self._records_call(self.records.remove, pipeline, None, checkpoint_id)
             self.damaged.pop((pipeline, checkpoint_id), None)
+            self.stats.forget(pipeline, checkpoint_id)
             log.info("pipeline %s: checkpoint %d deleted", pipeline, checkpoint_id)
             discarded = await self._discard(pipeline)
         return {"discarded": discarded}
+
+    async def _keep(self, pipeline: str, checkpoint_id: int) -> dict[str, Any]:
+        async with self._lock(pipeline):
+            record = await self._records_call(self.records.keep, pipeline, checkpoint_id)
+        if "problem" in record:
+            raise NotFound(f"checkpoint {checkpoint_id} of {pipeline} cannot be kept: {record['problem']}")
+        self.stats.kept(pipeline, checkpoint_id)
+        log.info("pipeline %s: checkpoint %d kept as a savepoint", pipeline, checkpoint_id)
+        return {"record": record}
 
     async def _hold(self, pipeline: str, checkpoint_id: int, seconds: float) -> dict[str, Any]:
         async with self._lock(pipeline):
@@ -478,6 +548,8 @@ class Checkpoints:
         if expired:
             await self._records_call(self.records.remove_pending, pipeline, expired)
             self.counts["aborted"] += len(expired)
+            for checkpoint_id in expired:
+                self.stats.aborted(pipeline, checkpoint_id, "timed out before every task acknowledged", now)
             log.info("pipeline %s: checkpoints %s timed out", pipeline, expired)
         return {checkpoint_id: entry for checkpoint_id, entry in pending.items() if checkpoint_id not in expired}
 
@@ -520,3 +592,9 @@ def _seconds(request: dict[str, Any], field: str) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= MAX_TIMEOUT:
         raise BadRequest(f"a checkpoints request's {field!r} is a number of seconds up to {MAX_TIMEOUT:g}")
     return float(value)
+
+
+def _reason(request: dict[str, Any]) -> str:
+    """Why the coordinator says a checkpoint was aborted: for the history only, shortened."""
+    reason = request.get("reason")
+    return reason if isinstance(reason, str) and reason else "aborted by its coordinator"

@@ -1,0 +1,72 @@
+"""The checkpoint history (Flink's checkpoint statistics) against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from blobsvc.checkpoints import CheckpointStore
+from tests.conftest import ServerProcess, ServerThread
+
+
+@pytest.fixture
+def store(server_thread: ServerThread) -> Iterator[CheckpointStore]:
+    with CheckpointStore(server_thread.address, "hist", retain=1, timeout=30) as opened:
+        yield opened
+
+
+def take(store: CheckpointStore, tasks: dict[str, bytes]) -> int:
+    with store.begin(tasks=list(tasks)) as pending:
+        for task, data in tasks.items():
+            pending.acknowledge(task, store.snapshot(task, data))
+    return pending.id
+
+
+def test_history_shows_in_progress_aborted_completed_and_subsumed(store: CheckpointStore) -> None:
+    first = take(store, {"0": b"a" * 100, "1": b"b" * 50})
+    pending = store.begin(tasks=["0", "1"])
+    pending.acknowledge("0", store.snapshot("0", b"a" * 100))
+    in_progress = store.history()[0]
+    assert (in_progress["id"], in_progress["status"], in_progress["expected"]) == (pending.id, "in_progress", 2)
+    assert in_progress["duration"] is None and in_progress["state_bytes"] is None
+    pending.abort("task 1 failed")
+    second = take(store, {"0": b"a" * 100, "1": b"c" * 70})
+    history = store.history()
+    assert [(e["id"], e["status"]) for e in history] == [
+        (second, "completed"),
+        (pending.id, "aborted"),
+        (first, "subsumed"),
+    ]
+    done, aborted = history[0], history[1]
+    assert "task 1 failed" in aborted["reason"] and aborted["duration"] >= 0
+    assert (done["acknowledged"], done["expected"], done["kind"]) == (2, 2, "checkpoint")
+    assert (done["state_bytes"], done["bytes_sent"], done["bytes_reused"]) == (170, 70, 100)
+    assert done["duration"] >= 0 and done["reason"] is None
+    assert [e["id"] for e in store.history(limit=1)] == [second]
+
+
+def test_the_server_object_answers_the_history_and_its_pipelines(server_thread: ServerThread) -> None:
+    with CheckpointStore(server_thread.address, "seen", timeout=30) as store:
+        checkpoint_id = take(store, {"0": b"x"})
+    checkpoints = server_thread.server.checkpoints
+    assert "seen" in checkpoints.pipelines()
+    history = asyncio.run_coroutine_threadsafe(checkpoints.history("seen"), server_thread.loop).result(30)
+    assert [(e["id"], e["status"]) for e in history] == [(checkpoint_id, "completed")]
+
+
+def test_completed_checkpoints_history_outlives_a_restart(
+    spawn_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    first = spawn_server()
+    with CheckpointStore(first.address, "restarted", retain=2, timeout=30) as store:
+        ids = [take(store, {"0": b"x" * 10}), take(store, {"0": b"y" * 20})]
+        before = store.history()
+    first.kill()
+    second = spawn_server()
+    with CheckpointStore(second.address, "restarted", retain=2, timeout=30) as store:
+        after = store.history()
+    assert [e["id"] for e in after] == ids[::-1]
+    assert after == before
