@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from blobsvc import BlobClient, Settings, new_job_id
-from blobsvc.checkpoints import CheckpointStore
+from blobsvc.checkpoints import CheckpointAborted, CheckpointStore
 from blobsvc.cli import main
 from blobsvc.http import signed_url
 from blobsvc.ui import COOKIE, MAX_PAGE, SECURITY_HEADERS, SNAPSHOT_SECONDS, page_link
@@ -223,18 +223,21 @@ def test_quick_page_benchmark_times_every_endpoint_a_page_load_and_both_get_rate
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_pipelines_history_is_newest_first_with_those_in_progress(page: ServerThread) -> None:
+def test_a_pipelines_history_is_newest_first_with_aborts_and_those_in_progress(page: ServerThread) -> None:
     port = _port(page)
     with CheckpointStore(page.address, "orders", retain=5, timeout=30) as store:
         for batch in range(2):
             with store.begin(tasks=["0"]) as pending:
                 pending.acknowledge("0", store.snapshot("0", b"state %d" % batch))
+        with pytest.raises(CheckpointAborted), store.begin(tasks=["0"]) as declined:
+            declined.decline("0", "disk full")
         waiting = store.begin(tasks=["0"])
-        time.sleep(SNAPSHOT_SECONDS)  # a snapshot of the names may predate the pipeline
         assert _json(port, "/ui/api/pipelines")["pipelines"] == ["orders"]
         answer = _json(port, "/ui/api/pipelines/orders")
-        rows = [(row["id"], row["status"]) for row in answer["history"]]
-        assert rows[:3] == [(3, "in_progress"), (2, "completed"), (1, "completed")], rows
-        assert [row["id"] for row in _json(port, "/ui/api/pipelines/orders?limit=1")["history"]] == [3]
+        rows = [(row["id"], row["status"], row["reason"]) for row in answer["history"]]
+        assert rows[0] == (4, "in_progress", None) and rows[2:] == [(2, "completed", None), (1, "completed", None)]
+        assert rows[1][:2] == (3, "aborted") and "disk full" in rows[1][2], rows
+        assert answer["history"][2]["state_bytes"] > 0 and answer["history"][2]["duration"] is not None
+        assert [row["id"] for row in _json(port, "/ui/api/pipelines/orders?limit=1")["history"]] == [4]
         assert _body(port, "/ui/api/pipelines/unknown")[0] == 404
         waiting.abort("done looking")

@@ -11,12 +11,11 @@
 * ``jobs``: the jobs stored, by id, with their blobs and bytes; ``jobs/<job hex>``: one
   job's names, by name;
 * ``pipelines``: the pipelines' names; ``pipelines/<name>``: its checkpoint history, newest
-  first (``limit`` only). Both say ``statistics``: false when the server keeps none, and the
-  history is what the records hold (:mod:`blobsvc.ui._history`).
+  first (``limit`` only), from the server's checkpoint statistics.
 
 What reads the disk (status, jobs) runs in a worker thread, as a scrape of ``/metrics`` does.
-What grows with the cluster (the server's status, the hosts in their order, the pipelines'
-names) is read at most once every :data:`SNAPSHOT_SECONDS` and shared by every request in
+What grows with the cluster (the server's status, the hosts in their order) is read at most
+once every :data:`SNAPSHOT_SECONDS` and shared by every request in
 that time, however many pages are open: an answer is at most that old, and 10,000 hosts cost
 one sort a second, not one per request.
 """
@@ -32,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from ..http import HttpError
 from ..wire._checkpoints import check_pipeline
 from ..wire._ids import job_bytes
-from ._history import CheckpointLister, history_source
 
 if TYPE_CHECKING:
     from ..storage import BlobStorage
@@ -60,6 +58,14 @@ class HostSource(Protocol):
     def listing(self) -> list[dict[str, Any]]: ...
 
 
+class HistorySource(Protocol):
+    """The server's checkpoint statistics (:mod:`blobsvc.server.checkpoint_stats`)."""
+
+    def pipelines(self) -> list[str]: ...
+
+    async def history(self, pipeline: str, limit: int = ...) -> list[dict[str, Any]]: ...
+
+
 class PageServer(Protocol):
     """What the page reads of the server (the BlobServer is one)."""
 
@@ -67,7 +73,7 @@ class PageServer(Protocol):
     def hosts(self) -> HostSource: ...
 
     @property
-    def checkpoints(self) -> CheckpointLister: ...
+    def checkpoints(self) -> HistorySource: ...
 
     @property
     def storage(self) -> BlobStorage: ...
@@ -121,9 +127,6 @@ class PageData:
         self.server = server
         self._status_reading = _Snapshot(server.status)
         self._host_list = _Snapshot(self._sorted_hosts)
-        self._history, self.statistics = history_source(server.checkpoints)
-        """Whether the server keeps checkpoint statistics (else the history is the records')."""
-        self._pipeline_names = _Snapshot(lambda: sorted(self._history.pipelines()))
         self.endpoints: dict[str, Callable[[str, Mapping[str, str]], Awaitable[dict[str, Any]]]] = {
             "overview": self._overview,
             "hosts": self._hosts,
@@ -186,10 +189,11 @@ class PageData:
         return answer
 
     async def _pipelines(self, rest: str, query: Mapping[str, str]) -> dict[str, Any]:
-        pipelines = await self._pipeline_names.get()
+        checkpoints = self.server.checkpoints
+        pipelines = checkpoints.pipelines()  # sorted, in memory: read on the loop, where it changes
         if not rest:
             offset, limit = _page(query)
-            return {**_paged(pipelines, offset, limit, "pipelines"), "statistics": self.statistics}
+            return _paged(pipelines, offset, limit, "pipelines")
         try:
             check_pipeline(rest)
         except ValueError as exc:
@@ -197,8 +201,7 @@ class PageData:
         if rest not in pipelines:
             raise HttpError(404, f"no pipeline named {rest[:140]!r} has checkpoints here")
         limit = _number(query, "limit", MAX_PAGE, 1, MAX_PAGE)
-        history = await self._history.history(rest, limit)
-        return {"pipeline": rest, "statistics": self.statistics, "history": history}
+        return {"pipeline": rest, "history": await checkpoints.history(rest, limit)}
 
 
 def _no_more(rest: str, what: str) -> None:

@@ -180,8 +180,7 @@ async function drawPipelines() {
     charts.replaceChildren();
     return;
   }
-  const { history: checkpoints, statistics } = await get(`/ui/api/pipelines/${encodeURIComponent(view.pipeline)}`);
-  document.getElementById("partial").hidden = statistics;
+  const { history: checkpoints } = await get(`/ui/api/pipelines/${encodeURIComponent(view.pipeline)}`);
   const rows = checkpoints.map((c) => el("tr", {},
     cell(c.id, "num"), cell(c.kind), el("td", {}, el("span", { class: `state ${c.status}`, text: c.status.replace("_", " ") })),
     el("td", { class: "reason", text: c.reason || "" }), cell(when(c.trigger_time)), cell(span(c.duration), "num"),
@@ -191,7 +190,6 @@ async function drawPipelines() {
   table(history, [["id", "num"], ["kind"], ["status"], ["reason"], ["triggered (UTC)"], ["duration", "num"],
     ["acknowledged", "num"], ["state size", "num"], ["sent", "num"], ["reused", "num"]], rows);
   const done = checkpoints.filter((c) => c.status === "completed" || c.status === "subsumed").slice(0, CHART_POINTS).reverse();
-  if (!statistics) { charts.replaceChildren(); return; } // no durations or sizes to draw
   charts.replaceChildren(
     chart(`${view.pipeline}: duration of the last ${done.length} checkpoints`, done, (c) => c.duration || 0, span),
     chart(`${view.pipeline}: state size`, done, (c) => c.state_bytes || 0, bytes),
