@@ -90,15 +90,16 @@ def free_port() -> int:
 
 
 def fill(client: BlobClient, hosts: int, pipelines: int) -> None:
-    """Hosts by heartbeat, pipelines by registration, and pending checkpoints on the first."""
+    """Hosts by heartbeat; pipelines with a checkpoint in progress each (a history), the first
+    with 20."""
     for number in range(hosts):
         client.heartbeat({"agent": f"exec-{number:05d}.example.org:6140", "host": f"exec-{number:05d}",
                           "cache_bytes": number, "cache_max_bytes": 10 << 30})  # fmt: skip
     for number in range(pipelines):
-        client.checkpoints({"action": "register", "pipeline": f"pipeline-{number:04d}"})
-    epoch = client.checkpoints({"action": "register", "pipeline": "pipeline-0000"})["epoch"]
-    for _ in range(20):
-        client.checkpoints({"action": "trigger", "pipeline": "pipeline-0000", "epoch": epoch, "timeout": 3600})
+        pipeline = f"pipeline-{number:04d}"
+        epoch = client.checkpoints({"action": "register", "pipeline": pipeline})["epoch"]
+        for _ in range(20 if number == 0 else 1):
+            client.checkpoints({"action": "trigger", "pipeline": pipeline, "epoch": epoch, "timeout": 3600})
 
 
 def page_bytes(port: int) -> int:
