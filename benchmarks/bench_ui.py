@@ -5,8 +5,8 @@
   page's :class:`~blobsvc.ui._api.PageData` on the server's loop, ``--calls`` times:
   wall time per call and CPU time per call of the whole process (``ms_per_call``: answers
   within a snapshot's second, as all but one a second are), and ``cold_ms``, the first
-  answer of a fresh page, which reads its snapshot (the status, the 10,000 hosts sorted, the
-  pipelines' names) in a worker thread.
+  answer of a fresh page, which reads its snapshot (the status, the 10,000 hosts in their
+  order) in a worker thread.
 * ``page_load``: the bytes one page load moves over HTTP from that server (headers and
   bodies of the HTML, script, style sheet, icon and one round of the page's JSON requests;
   goal: < 500 KB).
@@ -131,7 +131,7 @@ async def endpoint_costs(work: Path, hosts: int, pipelines: int, calls: int) -> 
         for path in PAGE_DATA:
             what, _, query = path.removeprefix("/ui/api/").partition("?")
             params = dict(part.split("=") for part in query.split("&")) if query else {}
-            # Cold: a fresh page's first answer reads its snapshots (status, hosts, pipelines)
+            # Cold: a fresh page's first answer reads its snapshots (the status, the hosts)
             # anew, as the first request after each SNAPSHOT_SECONDS does.
             cold = []
             for _ in range(max(3, calls // 20)):
