@@ -239,5 +239,6 @@ def test_a_pipelines_history_is_newest_first_with_aborts_and_those_in_progress(p
         assert rows[1][:2] == (3, "aborted") and "disk full" in rows[1][2], rows
         assert answer["history"][2]["state_bytes"] > 0 and answer["history"][2]["duration"] is not None
         assert [row["id"] for row in _json(port, "/ui/api/pipelines/orders?limit=1")["history"]] == [4]
+        assert _body(port, f"/ui/api/pipelines/orders?limit={MAX_PAGE + 1}")[0] == 400
         assert _body(port, "/ui/api/pipelines/unknown")[0] == 404
         waiting.abort("done looking")
