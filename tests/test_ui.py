@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from click.testing import CliRunner
 
 from blobsvc import BlobClient, Settings, new_job_id
@@ -155,6 +157,7 @@ def test_a_signed_link_sets_a_strict_cookie_and_leaves_the_address_bar(secret_pa
     assert status == 303 and headers["Location"] == "/ui/"
     cookie = headers["Set-Cookie"]
     assert cookie.startswith(f"{COOKIE}=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert "Secure" not in cookie  # plain HTTP: a browser would drop a Secure cookie
     max_age = int(cookie.split("Max-Age=")[1].split(";")[0])
     assert 590 <= max_age <= 600
     token = cookie.split(";")[0]
@@ -242,3 +245,19 @@ def test_a_pipelines_history_is_newest_first_with_aborts_and_those_in_progress(p
         assert _body(port, f"/ui/api/pipelines/orders?limit={MAX_PAGE + 1}")[0] == 400
         assert _body(port, "/ui/api/pipelines/unknown")[0] == 404
         waiting.abort("done looking")
+
+
+def test_over_tls_the_cookie_is_secure(settings: Settings, tmp_path: Path) -> None:
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    tls = replace(with_secret(settings, tmp_path, SECRET), http_port="0", tls_cert=tmp_path / "server.pem")
+    server = ServerThread(tls).start()
+    try:
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        connection = http.client.HTTPSConnection("127.0.0.1", _port(server), timeout=10, context=context)
+        connection.request("GET", page_link("", SECRET, 60))
+        response = connection.getresponse()
+        assert response.status == 303 and "; Secure" in (response.getheader("Set-Cookie") or "")
+    finally:
+        server.stop()

@@ -193,7 +193,7 @@ class BlobServer:
         ]
         """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
         event loop and from the metrics thread, so they only read."""
-        self.page = OperatorPage(self)
+        self.page = OperatorPage(self, tls=self._tls is not None)
         """The operator's page, ``/ui/`` on the HTTP face (:mod:`blobsvc.ui`)."""
         self.page.add_route(self.http)
         self._started = time.time()

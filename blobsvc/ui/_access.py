@@ -9,7 +9,8 @@ The rules, kept here:
 * **The cookie.** Following a valid link answers 303 to ``/ui/`` (so the token leaves the
   address bar and the history) and sets :data:`COOKIE` to ``<expires>.<signature>``:
   ``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's page sends it),
-  ``Path=/ui/``, and the link's expiry as its ``Max-Age``. The server keeps nothing: every
+  ``Path=/ui/``, ``Secure`` when the server speaks TLS (a browser then never sends it in the
+  clear), and the link's expiry as its ``Max-Age``. The server keeps nothing: every
   request's cookie is checked as a link is, so an expired or altered one is refused.
 * **Nothing without.** On a server with a secret, every path under ``/ui/`` (the page, its
   script, its JSON) is refused with 403 and a one-line text without one or the other.
@@ -36,9 +37,9 @@ def page_link(base_url: str, secret: bytes | str | None, expires_in: float = DEF
     return signed_url(base_url, PAGE_PATH, secret, expires_in)
 
 
-def admit(face: HttpFace, request: HttpRequest) -> HttpResponse | None:
+def admit(face: HttpFace, request: HttpRequest, *, tls: bool = False) -> HttpResponse | None:
     """None when ``request`` may be answered; else the answer: the 303 that trades a valid
-    link for the cookie, or a 403."""
+    link for the cookie (``Secure`` on a ``tls`` face), or a 403."""
     if face.secret is None:
         return None
     if "signature" in request.query or "expires" in request.query:
@@ -49,7 +50,7 @@ def admit(face: HttpFace, request: HttpRequest) -> HttpResponse | None:
         max_age = max(0, int(expires) - int(time.time()))
         cookie = (
             f"{COOKIE}={expires}.{request.query['signature'].lower()}; Path={PAGE_PATH}; "
-            f"Max-Age={max_age}; HttpOnly; SameSite=Strict"
+            f"Max-Age={max_age}; HttpOnly; SameSite=Strict{'; Secure' if tls else ''}"
         )
         return HttpResponse(303, [("Location", PAGE_PATH), ("Set-Cookie", cookie)])
     token = _cookie(request.headers)

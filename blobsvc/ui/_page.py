@@ -41,8 +41,10 @@ _API = PAGE_PATH + "api/"
 class OperatorPage:
     """The operator's page of one server: :meth:`add_route` serves it on the HTTP face."""
 
-    def __init__(self, server: PageServer) -> None:
+    def __init__(self, server: PageServer, *, tls: bool = False) -> None:
         self.data = PageData(server)
+        self.tls = tls
+        """The HTTP face speaks TLS: the cookie is ``Secure``."""
         static = resources.files(__package__) / "static"
         self._files = {name: (static / name).read_bytes() for name in _TYPES}
         self._etags = {name: f'"{hashlib.sha256(body).hexdigest()[:32]}"' for name, body in self._files.items()}
@@ -54,7 +56,7 @@ class OperatorPage:
 
     async def respond(self, request: HttpRequest) -> HttpResponse:
         assert self._face is not None, "add_route() first"
-        response = admit(self._face, request) or await self._answer(request)
+        response = admit(self._face, request, tls=self.tls) or await self._answer(request)
         response.headers.extend(SECURITY_HEADERS)
         return response
 
