@@ -292,6 +292,9 @@ class Settings:
     )
     max_blob_size: int = _setting(8 << 30, parse_size, "Largest blob a PUT may store.")
     max_connections: int = _setting(256, _parse_positive, "Connections served at once; more are answered BUSY.")
+    checkpoint_history: int = _setting(
+        100, _parse_positive, "Checkpoints per pipeline whose statistics the server keeps (its history), up to 10,000."
+    )
     idle_timeout: float = _setting(60.0, _parse_seconds, "Seconds a connection may sit idle between requests.")
     io_timeout: float = _setting(
         30.0, _parse_seconds, "Seconds a request may go without a byte moving before it is aborted."

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from blobsvc.checkpoints import CheckpointStore
+from blobsvc.config import Settings
 from tests.conftest import ServerProcess, ServerThread
 
 
@@ -70,3 +72,22 @@ def test_completed_checkpoints_history_outlives_a_restart(
         after = store.history()
     assert [e["id"] for e in after] == ids[::-1]
     assert after == before
+
+
+def test_the_history_is_bounded_by_its_setting_and_completions_are_metrics(settings: Settings) -> None:
+    from tests.test_metrics import scrape, value
+
+    running = ServerThread(replace(settings, metrics_port="0", checkpoint_history=2)).start()
+    try:
+        with CheckpointStore(running.address, "bounded", retain=None, timeout=30) as store:
+            ids = [take(store, {"0": b"z" * size}) for size in (10, 20, 30)]
+            assert [e["id"] for e in store.history()] == ids[:0:-1]  # the newest 2
+        assert running.server.metrics is not None and running.server.metrics.address is not None
+        samples = scrape(running.server.metrics.address)
+    finally:
+        running.stop()
+    assert value(samples, "blobsvc_checkpoints_last_state_bytes") == 30
+    assert 0 <= value(samples, "blobsvc_checkpoints_last_duration_seconds") < 30
+    assert value(samples, "blobsvc_checkpoints_duration_seconds_count") == 3
+    assert value(samples, "blobsvc_checkpoints_duration_seconds_bucket", le="+Inf") == 3
+    assert value(samples, "blobsvc_checkpoints_duration_seconds_bucket", le="1800.0") == 3

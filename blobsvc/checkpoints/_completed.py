@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from .._exceptions import BlobError, CheckpointError, InvalidArgument
 from ..cache import BlobCache
 from ..client import BlobClient
 from ..wire._checkpoints import Metadata, Task, TaskHandle, check_task, metadata_name, parse_metadata, pipeline_job
-from ._restore import restore
+from ._restore import discard, restore
 
 __all__ = ["DEFAULT_HOLD_SECONDS", "CompletedCheckpoint", "holding", "load_checkpoint"]
 
@@ -110,9 +111,42 @@ class CompletedCheckpoint:
         exist (or be an empty directory). Returns ``dest``."""
         handle = self.tasks.get(check_task(task))
         if handle is None:
-            raise InvalidArgument(f"checkpoint {self.id} of {self.pipeline} has no task {task!r}")
+            raise InvalidArgument(
+                f"checkpoint {self.id} of {self.pipeline} has no task {task!r}; its tasks: {_names(self.tasks)}"
+            )
         with self.held():
             return restore(self.pipeline, handle, dest, client=self._client, cache=self._cache, writable=writable)
+
+    def restore_all(self, dest: str | os.PathLike[str], *, writable: bool = False) -> Path:
+        """Write every task's state under ``dest/<task>``, verified, as one operation: all of
+        it appears at ``dest`` at once, or nothing does. ``dest`` must not exist (or be an
+        empty directory). For instance to go on with another number of partitions. Returns
+        ``dest``."""
+        dest = Path(dest)
+        if os.path.lexists(dest) and not (dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir())):
+            raise InvalidArgument(f"{dest} exists: a restore writes a new directory (or into an empty one)")
+        if not dest.parent.is_dir():
+            raise InvalidArgument(f"{dest.parent} is not a directory: a restore writes into one that exists")
+        temp = dest.parent / f".{dest.name}.restore-{secrets.token_hex(6)}"
+        try:
+            temp.mkdir()
+            with self.held():
+                for task, handle in self.tasks.items():
+                    restore(
+                        self.pipeline, handle, temp / task, client=self._client, cache=self._cache, writable=writable
+                    )
+            if dest.is_dir():
+                dest.rmdir()
+            os.rename(temp, dest)
+        except BaseException as exc:
+            discard(temp)
+            if isinstance(exc, OSError | CheckpointError):  # name what the user gave
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise CheckpointError(
+                    f"cannot restore checkpoint {self.id} of {self.pipeline} to {dest}: {reason}"
+                ) from exc
+            raise
+        return dest
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -143,6 +177,12 @@ class CompletedCheckpoint:
             "size": self.size,
             "tasks": {task: handle.to_json() for task, handle in self.tasks.items()},
         }
+
+
+def _names(tasks: Mapping[str, Any], shown: int = 10) -> str:
+    names = sorted(tasks)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def load_checkpoint(

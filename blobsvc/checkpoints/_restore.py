@@ -21,13 +21,13 @@ import secrets
 import shutil
 from pathlib import Path
 
-from .._exceptions import DigestMismatch, InvalidArgument
+from .._exceptions import CheckpointError, DigestMismatch, InvalidArgument
 from ..cache import BlobCache, JobBlobs
 from ..client import BlobClient
 from ..wire._checkpoints import FileEntry, TaskHandle, pipeline_job, state_name
 from ..wire._ids import hash_file
 
-__all__ = ["restore"]
+__all__ = ["discard", "restore"]
 
 
 def restore(
@@ -64,13 +64,20 @@ def restore(
         if replaces_empty_dir:
             dest.rmdir()
         os.rename(temp, dest)
-    except BaseException:
-        if temp.is_dir():
-            shutil.rmtree(temp, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            temp.unlink()
+    except BaseException as exc:
+        discard(temp)
+        if isinstance(exc, OSError):  # name what the user gave, not the temporary file
+            raise CheckpointError(f"cannot restore to {dest}: {exc.strerror or exc}") from exc
         raise
     return dest
+
+
+def discard(temp: Path) -> None:
+    """Remove a failed restore's temporary file or directory, whatever it holds."""
+    if temp.is_dir() and not temp.is_symlink():
+        shutil.rmtree(temp, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        temp.unlink()
 
 
 def _fetch(

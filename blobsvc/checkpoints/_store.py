@@ -210,10 +210,13 @@ class CheckpointStore:
         retention policy, kept until :meth:`delete`. :class:`NotFound` when there is none."""
         self.client.checkpoints({"action": "keep", "pipeline": self.pipeline, "id": checkpoint_id})
 
-    def delete(self, checkpoint_id: int) -> None:
+    def delete(self, checkpoint_id: int) -> int:
         """Delete a completed checkpoint (a savepoint too); its state goes unless another
-        retained checkpoint, or a restore under way, references it."""
-        self.client.checkpoints({"action": "delete", "pipeline": self.pipeline, "id": checkpoint_id})
+        retained checkpoint, or a restore under way, references it. Returns how many blobs
+        were discarded."""
+        reply = self.client.checkpoints({"action": "delete", "pipeline": self.pipeline, "id": checkpoint_id})
+        discarded: int = reply["discarded"]
+        return discarded
 
     def load(self, record: Mapping[str, Any]) -> CompletedCheckpoint:
         """The checkpoint of one of :meth:`records`, its metadata read and verified:

@@ -120,6 +120,7 @@ from ._fastpath import FastPath
 from ._jobgate import JobGates
 from ._logs import log_request
 from ._retention import Retention
+from .checkpoint_stats import MAX_HISTORY
 from .checkpoints import Checkpoints
 from .hosts import HostRegistry, HostReport, heartbeat_reply
 
@@ -184,7 +185,7 @@ class BlobServer:
         """Requests served, by kind (``"GET"``, ``"PUT"``, …): for operators and tests."""
         self.observers: list[RequestObserver] = []
         """Called after each request (metrics, request logs); none costs nothing."""
-        self.checkpoints = Checkpoints(self)
+        self.checkpoints = Checkpoints(self, min(self.settings.checkpoint_history, MAX_HISTORY))
         """Every pipeline's checkpoints: the CHECKPOINTS request (:mod:`blobsvc.server.checkpoints`)."""
         self.status_sources: list[Callable[[], Mapping[str, Any]]] = [
             self.ha.status,

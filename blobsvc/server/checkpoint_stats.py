@@ -17,13 +17,16 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-__all__ = ["DEFAULT_HISTORY", "MAX_HISTORY", "CheckpointStats", "Entry"]
+__all__ = ["DEFAULT_HISTORY", "DURATION_BUCKETS", "MAX_HISTORY", "CheckpointStats", "Entry"]
 
 DEFAULT_HISTORY = 100
 MAX_HISTORY = 10_000
 MAX_TASKS = 1 << 20  # acknowledged/expected as a coordinator reports them: more is a lie
 MAX_PIPELINES = 10_000  # pipelines with a history in memory: the least recently used go first
 MAX_REASON = 500  # characters of an abort's reason
+# Seconds from trigger to completion, the histogram's upper bounds: Flink's checkpoints take
+# from well under a second to the default 10-minute timeout.
+DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0)
 
 Entry = dict[str, Any]
 
@@ -59,6 +62,10 @@ class CheckpointStats:
         self.limit = limit
         self._history: collections.OrderedDict[str, collections.OrderedDict[int, Entry]] = collections.OrderedDict()
         self.rebuilt: set[str] = set()
+        # Completions this server saw, for the metrics: per bucket (and +Inf), the sum, the last.
+        self.durations = [0] * (len(DURATION_BUCKETS) + 1)
+        self.duration_sum = 0.0
+        self.last: Entry | None = None
 
     def pipelines(self) -> list[str]:
         return sorted(self._history)
@@ -92,7 +99,7 @@ class CheckpointStats:
 
     def completed(
         self, pipeline: str, record: dict[str, Any], *, state_bytes: int, bytes_sent: int, tasks: int
-    ) -> None:
+    ) -> Entry:
         """A completion: ``record`` is the checkpoint's record (with its statistics)."""
         entry = self.get(pipeline, record["id"]) or new_entry(
             record["id"], savepoint=bool(record.get("savepoint")), trigger_time=record["timestamp"], expected=None
@@ -109,6 +116,14 @@ class CheckpointStats:
             bytes_reused=state_bytes - bytes_sent,
         )
         self._put(pipeline, entry)
+        return entry
+
+    def observe(self, entry: Entry) -> None:
+        """Count a completion this server made (not one rebuilt from records) in the metrics."""
+        duration = entry["duration"] or 0.0
+        self.durations[next((i for i, b in enumerate(DURATION_BUCKETS) if duration <= b), len(DURATION_BUCKETS))] += 1
+        self.duration_sum += duration
+        self.last = dict(entry)
 
     def aborted(self, pipeline: str, checkpoint_id: int, reason: str, now: float) -> None:
         entry = self.get(pipeline, checkpoint_id)

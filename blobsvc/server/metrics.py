@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..http._observe import RequestObserver, op_name, outcome_name
+from .checkpoint_stats import DURATION_BUCKETS
 from .hosts import STATES
 
 if TYPE_CHECKING:
@@ -236,8 +237,30 @@ class ServerMetrics:
         if status["checkpoints_last_completed_id"] is not None:
             last_id.add_metric([], status["checkpoints_last_completed_id"])
             last_age.add_metric([], status["checkpoints_last_completed_age_seconds"])
+        last_duration = GaugeMetricFamily(
+            "blobsvc_checkpoints_last_duration_seconds",
+            "Seconds from trigger to completion of the last checkpoint completed.",
+        )
+        last_size = GaugeMetricFamily(
+            "blobsvc_checkpoints_last_state_bytes", "Bytes of state of the last checkpoint completed."
+        )
+        if status["checkpoints_last_duration_seconds"] is not None:
+            last_duration.add_metric([], status["checkpoints_last_duration_seconds"])
+            last_size.add_metric([], status["checkpoints_last_state_bytes"])
         yield last_id
         yield last_age
+        yield last_duration
+        yield last_size
+        *in_buckets, duration_sum = status["checkpoints_durations"]
+        cumulative, total = [], 0
+        for bound, count in zip((*map(str, DURATION_BUCKETS), "+Inf"), in_buckets, strict=True):
+            total += count
+            cumulative.append((bound, float(total)))
+        durations = HistogramMetricFamily(
+            "blobsvc_checkpoints_duration_seconds", "Seconds from trigger to completion of the checkpoints completed."
+        )
+        durations.add_metric([], cumulative, duration_sum)
+        yield durations
         yield GaugeMetricFamily(
             "blobsvc_checkpoints_damaged",
             "Completed checkpoints whose metadata is missing or damaged (restores fall back).",
