@@ -144,9 +144,12 @@ class TransportError(BlobError):
 class ConnectError(TransportError):
     """The server could not be reached. ``nobody_there`` is true when its name does not
     resolve or every address it resolves to refused the connection: an answer, not a
-    transient fault, for a one-shot command (a long-lived client's server may be restarting)."""
+    transient fault, for a one-shot command (a long-lived client's server may be restarting).
+    ``no_leader`` is true when a ``zk://`` address named no leader within ``connect_timeout``
+    (ZooKeeper down, or no such cluster): a one-shot command has waited enough."""
 
     nobody_there: bool = False
+    no_leader: bool = False
 
 
 class TLSError(ConnectError):

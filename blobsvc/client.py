@@ -843,14 +843,21 @@ class AsyncBlobClient:
         raise AssertionError("unreachable")
 
     def _answered(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is the answer of a one-shot request: nobody serves at the address."""
-        return self.one_shot and self._resolver is None and isinstance(exc, ConnectError) and exc.nobody_there
+        """Whether ``exc`` is the answer of a one-shot request: nobody serves at the address, or
+        (``zk://``) no leader was found within ``connect_timeout``, which was the wait already."""
+        if not self.one_shot or not isinstance(exc, ConnectError):
+            return False
+        return exc.no_leader if self._resolver is not None else exc.nobody_there
 
     async def _locate(self) -> None:
         """With a ``zk://`` URL, find the leader if the last one failed (or at first use)."""
         if self._located or self._resolver is None:
             return
-        self.host, self.port = await asyncio.to_thread(self._resolver.leader, self._avoid, self.connect_timeout)
+        try:
+            self.host, self.port = await asyncio.to_thread(self._resolver.leader, self._avoid, self.connect_timeout)
+        except ConnectError as exc:
+            exc.no_leader = True
+            raise
         self._located, self._avoid = True, None
 
     def _lose_leader(self, exc: BaseException) -> None:

@@ -52,7 +52,7 @@ def run(spark: Any, pipeline: str, batches: int) -> dict[int, int]:
         print(f"resuming after checkpoint {latest.id} (batch {first - 1})" if latest else "starting afresh")
         for batch in range(first, batches):
             data = spark.sparkContext.parallelize(events(batch)).partitionBy(PARTITIONS)
-            step = batch_step(ckpt.tasks(latest), batch)
+            step = batch_step(ckpt.tasks(latest, partitions=PARTITIONS), batch)
             with ckpt.begin(PARTITIONS, properties={"batch": batch}) as pending:
                 for handle in data.mapPartitionsWithIndex(step).collect():
                     pending.acknowledge(handle.task, handle)

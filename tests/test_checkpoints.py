@@ -508,22 +508,6 @@ def test_the_cli_lists_shows_restores_and_deletes(store: CheckpointStore, tmp_pa
     assert bad.exit_code == 2 and "pipeline name" in bad.output
 
 
-def test_the_pages_examples_run_as_written(server_thread: ServerThread, tmp_path: Path) -> None:
-    from tests.test_docs_examples import ROOT, blocks
-
-    page = ROOT / "docs" / "checkpoints.md"
-    first, driver = blocks(page, "python")[:2]  # the third, On Spark, runs in tests/test_spark_checkpoints.py
-    for code in (first, driver, driver):  # the driver twice: the second run goes on from the first
-        code = code.replace("127.0.0.1:6130", server_thread.address).replace("/tmp/", f"{tmp_path}/")
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-    assert done.stdout == "" and "Traceback" not in done.stderr
-    with CheckpointStore(server_thread.address, "clicks") as store:
-        latest = store.latest()
-        assert latest is not None and latest.properties == {"batch": 13}  # 7, then 8 to 10, then 11 to 13
-        assert [c.properties["batch"] for c in store.list()] == [12, 13]
-
-
 def test_a_record_is_fsynced_before_its_rename_and_its_directory_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

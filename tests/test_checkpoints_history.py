@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -57,6 +58,10 @@ def test_the_server_object_answers_the_history_and_its_pipelines(server_thread: 
     assert "seen" in checkpoints.pipelines()
     history = asyncio.run_coroutine_threadsafe(checkpoints.history("seen"), server_thread.loop).result(30)
     assert [(e["id"], e["status"]) for e in history] == [(checkpoint_id, "completed")]
+    assert set(history[0]) == {  # what the web page codes against
+        "id", "kind", "status", "reason", "trigger_time", "duration", "acknowledged", "expected",
+        "state_bytes", "bytes_sent", "bytes_reused",
+    }  # fmt: skip
 
 
 def test_completed_checkpoints_history_outlives_a_restart(
@@ -91,3 +96,40 @@ def test_the_history_is_bounded_by_its_setting_and_completions_are_metrics(setti
     assert value(samples, "blobsvc_checkpoints_duration_seconds_count") == 3
     assert value(samples, "blobsvc_checkpoints_duration_seconds_bucket", le="+Inf") == 3
     assert value(samples, "blobsvc_checkpoints_duration_seconds_bucket", le="1800.0") == 3
+
+
+def test_a_restarted_server_knows_the_pipelines_of_its_records(settings: Settings) -> None:
+    first = ServerThread(settings).start()
+    try:
+        with CheckpointStore(first.address, "known-after-restart", timeout=30) as store:
+            take(store, {"0": b"k"})
+    finally:
+        first.stop()
+    second = ServerThread(settings).start()
+    try:
+        deadline = time.monotonic() + 10
+        while "known-after-restart" not in second.server.checkpoints.pipelines() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the clock lists the records at its first tick
+        assert second.server.checkpoints.pipelines() == ["known-after-restart"]
+    finally:
+        second.stop()
+
+
+def test_asking_for_made_up_pipelines_costs_the_server_no_memory(server_thread: ServerThread) -> None:
+    with CheckpointStore(server_thread.address, "made-up-0") as store:
+        for n in range(50):
+            reply = store.client.checkpoints({"action": "history", "pipeline": f"made-up-{n}"})
+            assert reply == {"history": []}
+    stats = server_thread.server.checkpoints.stats
+    assert not any(name.startswith("made-up") for name in stats.rebuilt | set(stats.pipelines()))
+
+
+def test_what_a_coordinator_reports_is_bounded_and_checked(store: CheckpointStore) -> None:
+    epoch = store.coordinator.epoch
+    request = {"action": "trigger", "pipeline": "hist", "epoch": epoch, "timeout": 30}
+    lying = store.client.checkpoints({**request, "expected": 10**12})["id"]
+    store.client.checkpoints({"action": "abort", "pipeline": "hist", "id": lying, "reason": "x" * 10_000})
+    odd = store.client.checkpoints({**request, "expected": "eight"})["id"]
+    history = {entry["id"]: entry for entry in store.history()}
+    assert history[lying]["expected"] is None and len(history[lying]["reason"]) == 500
+    assert history[odd]["expected"] is None and history[odd]["status"] == "in_progress"

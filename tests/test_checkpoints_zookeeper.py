@@ -231,3 +231,40 @@ def test_the_leader_decides_each_checkpoints_life_from_its_zookeeper_records(
         while client.status()["checkpoints_aborted"] == aborted:
             assert time.monotonic() < deadline, "the leader never aborted the silent checkpoint"
             time.sleep(0.2)
+
+
+def test_a_one_shot_command_gives_up_once_when_a_cluster_has_no_leader(zookeeper: ZooKeeper) -> None:
+    from click.testing import CliRunner
+
+    from blobsvc.cli import main
+
+    url = f"zk://{zookeeper.hosts}/nosuchcluster"
+    result = CliRunner().invoke(main, ["checkpoints", "list", "p", "-s", url, "--connect-timeout", "1"])
+    assert result.exit_code == 1 and "no leader for cluster 'nosuchcluster'" in result.output
+    assert "(server zk://" in result.output and "1 attempt)" in result.output  # not 4 attempts of the timeout each
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_the_completed_history_and_retention_survive_a_failover(
+    zookeeper: ZooKeeper, servers: list[HaServer], tmp_path: Path
+) -> None:
+    url = f"zk://{zookeeper.hosts}/ckhistory"
+    ha_dir = tmp_path / "ha"
+    servers.append(HaServer(zookeeper.hosts, ha_dir, tmp_path / "a", cluster_id="ckhistory"))
+    assert wait_for_leader(url) == servers[0].address
+    servers.append(HaServer(zookeeper.hosts, ha_dir, tmp_path / "b", cluster_id="ckhistory"))
+    store = CheckpointStore(_client(url), "pipe", retain=1, score="loss", score_order="min", timeout=60)
+    for loss in (0.5, 0.9):
+        with store.begin(tasks=["0"], properties={"loss": loss}) as pending:
+            pending.acknowledge("0", store.snapshot("0", b"loss %g" % loss))
+    store.keep(pending.id)  # in ZooKeeper too
+    before = [entry for entry in store.history() if entry["status"] == "completed"]
+    servers[0].kill()
+    wait_for_leader(url, avoid=servers[0].address)
+    after = store.history()
+    assert [(e["id"], e["kind"], e["state_bytes"]) for e in after] == [
+        (e["id"], e["kind"], e["state_bytes"]) for e in before
+    ]
+    assert [e["kind"] for e in after] == ["savepoint", "checkpoint"]
+    assert [record.get("savepoint") for record in store.records()] == [False, True]
+    store.close()

@@ -107,7 +107,13 @@ def test_python_examples_compile(path: Path) -> None:
 
 # Stand-ins for the shell variables and elided values of the examples, so that options
 # typed by click (ports, counts, durations) parse as they would in a shell.
-STAND_INS = {"$JOB": "0" * 32, "$KEY": "1" * 64, "$ZK": "127.0.0.1:2181", "$URL": "http://127.0.0.1:6180/blobs/x"}
+STAND_INS = {
+    "$JOB": "0" * 32,
+    "$KEY": "1" * 64,
+    "$ZK": "127.0.0.1:2181",
+    "$URL": "http://127.0.0.1:6180/blobs/x",
+    "$ID": "7",
+}
 # Pages whose shell blocks must hold blobsvc command lines (so that a change to the
 # extraction that finds none fails rather than passes).
 EXPECT_COMMANDS = {"README.md", "cli.md", "spark.md", "agent.md", "http.md", "ha.md", "security.md", "benchmarks.md"}
@@ -192,4 +198,4 @@ def test_readme_is_short_and_its_links_resolve() -> None:
 
 def test_the_checkpoints_pages_spark_recipe_is_the_example_its_spark_test_runs() -> None:
     recipe = the_block(ROOT / "docs" / "checkpoints.md", "python", "def batch_step(")
-    assert recipe in (ROOT / "examples" / "checkpoint_pipeline.py").read_text()
+    assert recipe == (ROOT / "examples" / "checkpoint_pipeline.py").read_text()  # the whole file

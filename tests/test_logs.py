@@ -135,3 +135,21 @@ def test_libraries_info_lines_stay_out_of_the_log_but_at_debug_level(
     assert ("Found credentials" in said) is library_says
     assert ("serving 0 blobs" in said) is (level != "warning")
     assert "Connection dropped" in said
+
+
+def test_at_error_level_libraries_say_errors_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--log-level error``: blobsvc and the libraries alike say errors only (docs/operating.md)."""
+    root, ours = logging.getLogger(), logging.getLogger("blobsvc")
+    handlers, root_level, our_level = root.handlers[:], root.level, ours.level
+    try:
+        configure("error", "text")
+        logging.getLogger("kazoo.client").warning("Connection dropped")
+        logging.getLogger("botocore.endpoint").error("endpoint unreachable")
+        logging.getLogger("blobsvc.server").warning("a warning of ours")
+        said = capsys.readouterr().err
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(root_level)
+        ours.setLevel(our_level)
+    assert "endpoint unreachable" in said
+    assert "Connection dropped" not in said and "a warning of ours" not in said

@@ -62,13 +62,14 @@ class CheckpointStats:
         self.limit = limit
         self._history: collections.OrderedDict[str, collections.OrderedDict[int, Entry]] = collections.OrderedDict()
         self.rebuilt: set[str] = set()
+        self.known: set[str] = set()  # pipelines with records, as last listed
         # Completions this server saw, for the metrics: per bucket (and +Inf), the sum, the last.
         self.durations = [0] * (len(DURATION_BUCKETS) + 1)
         self.duration_sum = 0.0
         self.last: Entry | None = None
 
     def pipelines(self) -> list[str]:
-        return sorted(self._history)
+        return sorted(self.known.union(self._history))
 
     def _of(self, pipeline: str) -> collections.OrderedDict[int, Entry]:
         entries = self._history.setdefault(pipeline, collections.OrderedDict())
@@ -92,6 +93,12 @@ class CheckpointStats:
             pipeline,
             new_entry(checkpoint_id, savepoint=savepoint, trigger_time=trigger_time, expected=task_count(expected)),
         )
+
+    def mark_rebuilt(self, pipeline: str) -> None:
+        """Its completed checkpoints are in; a pipeline with none is not remembered (a name a
+        client makes up costs nothing here), so asking again lists its records again."""
+        if pipeline in self._history:
+            self.rebuilt.add(pipeline)
 
     def get(self, pipeline: str, checkpoint_id: int) -> Entry | None:
         entries = self._history.get(pipeline)

@@ -26,8 +26,10 @@ the server keeps them; the records themselves are the recovery mode's
    content. Only then is the record added; a checkpoint whose state is not all there is
    refused, and stays invisible.
 3. **Add first, subsume after.** The record is durable (fsynced file, or ZooKeeper node)
-   before the oldest checkpoints beyond ``retain`` are subsumed: if adding fails, nothing
-   retained is lost. Savepoints are never subsumed.
+   before the checkpoints the pipeline's retention policy no longer keeps are subsumed
+   (:mod:`blobsvc.server.checkpoint_retention`): if adding fails, nothing retained is lost.
+   Savepoints are never subsumed. Each action also tells the pipeline's history
+   (:mod:`blobsvc.server.checkpoint_stats`).
 4. **A replaced writer is fenced.** ``register`` gives a coordinator a new writer epoch;
    ``trigger``, ``complete`` and subsuming name it, and the records refuse (FENCED) an epoch
    that is no longer the pipeline's, in the same atomic step as the write. A new coordinator's
@@ -163,7 +165,9 @@ class Checkpoints:
         for ticks in itertools.count():
             if ticks % LIST_EVERY_TICKS == 0:
                 try:
-                    self._pending_pipelines.update(await self._records_call(self.records.pipelines))
+                    listed = await self._records_call(self.records.pipelines)
+                    self._pending_pipelines.update(listed)
+                    self.stats.known.update(listed)  # their history is rebuilt when asked for
                 except BlobError as exc:  # ZooKeeper away: the next listing finds them
                     log.debug("checkpoints: pipelines not listed: %s", exc)
             await asyncio.sleep(TICK_SECONDS)
@@ -244,7 +248,8 @@ class Checkpoints:
         raise BadRequest(f"unknown checkpoints action {action!r}")
 
     def pipelines(self) -> list[str]:
-        """The pipelines this server has a checkpoint history of, sorted."""
+        """The pipelines this server knows, sorted: those with records (listed by the clock
+        soon after a start) and those it saw checkpoints of."""
         return self.stats.pipelines()
 
     async def history(self, pipeline: str, limit: int = DEFAULT_HISTORY) -> list[Entry]:
@@ -269,7 +274,7 @@ class Checkpoints:
             self.stats.completed(
                 pipeline, record, state_bytes=metadata.size, bytes_sent=metadata.bytes_sent, tasks=len(metadata.tasks)
             )
-        self.stats.rebuilt.add(pipeline)
+        self.stats.mark_rebuilt(pipeline)
 
     # --- actions ------------------------------------------------------------------------------
 

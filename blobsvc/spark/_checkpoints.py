@@ -34,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .._exceptions import CheckpointError
 from ..checkpoints import CheckpointStore, CompletedCheckpoint, PendingCheckpoint, TaskHandle
 from ..checkpoints._completed import DEFAULT_HOLD_SECONDS
 from ..checkpoints._snapshot import StateSource
@@ -49,8 +50,10 @@ __all__ = ["SparkCheckpoints", "TaskCheckpoints", "checkpoints"]
 def checkpoints(
     spark: Any,
     pipeline: str,
-    retain: int = 1,
+    retain: int | None = 1,
     *,
+    score: str | None = None,
+    score_order: str = "max",
     server: str | None = None,
     timeout: float = 600.0,
     min_pause: float = 0.0,
@@ -66,6 +69,8 @@ def checkpoints(
         client,
         pipeline,
         retain,
+        score=score,
+        score_order=score_order,
         timeout=timeout,
         min_pause=min_pause,
         tolerable_failures=tolerable_failures,
@@ -105,9 +110,20 @@ class SparkCheckpoints:
         tasks = [str(p) for p in range(partitions)]
         return self.store.begin(tasks, properties, savepoint=savepoint, timeout=timeout)
 
-    def tasks(self, restore_from: CompletedCheckpoint | None = None) -> TaskCheckpoints:
+    def tasks(
+        self, restore_from: CompletedCheckpoint | None = None, *, partitions: int | None = None
+    ) -> TaskCheckpoints:
         """What tasks use to snapshot their state and to restore it from ``restore_from``
-        (None: nothing to restore, :meth:`TaskCheckpoints.restore` returns None)."""
+        (None: nothing to restore, :meth:`TaskCheckpoints.restore` returns None). With
+        ``partitions``, a checkpoint whose tasks are not this job's partitions is refused here,
+        before any task runs (:class:`CheckpointError`, saying how to go on)."""
+        if restore_from is not None and partitions is not None:
+            wanted = {str(p) for p in range(partitions)}
+            if set(restore_from.tasks) != wanted:
+                raise CheckpointError(
+                    f"checkpoint {restore_from.id} of {self.pipeline} has {len(restore_from.tasks)} tasks, not this "
+                    f"job's {partitions} partitions: use another pipeline name, or restore_all(dir) and re-partition"
+                )
         source = None if restore_from is None else (restore_from.id, restore_from.metadata_key)
         return TaskCheckpoints(self.options, self.pipeline, source, self.store.options.hold_seconds)
 
