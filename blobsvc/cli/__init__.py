@@ -4,8 +4,8 @@ Exit status: 0 on success; 1 with a one-line ``Error: …`` on stderr when the o
 failed (not found, refused, unreachable); 2 for a usage error.
 
 The part ``blobsvc/cli/``: this module (the commands) and its helpers ``_cli_settings``
-(options that are settings), ``_cache_cli`` (``blobsvc cache``) and ``_checkpoints_cli``
-(``blobsvc checkpoints``). The top floor: it may
+(options that are settings), ``_cache_cli`` (``blobsvc cache``), ``_checkpoints_cli``
+(``blobsvc checkpoints``) and ``_ui_cli`` (``blobsvc ui``). The top floor: it may
 import every other part, but at the top only click, the settings and its helpers: each
 command imports the parts it uses (the client, the server, the agent) in its own body, so
 that ``--help``, ``--version`` and a client command start in a few tens of milliseconds. A
@@ -39,6 +39,7 @@ from ._cache_cli import cache
 from ._checkpoints_cli import checkpoints_group
 from ._cli_settings import CONFIG_HELP, config_option, given_before, load_settings, setting_help, setting_option
 from ._text import when
+from ._ui_cli import ui
 
 # What a command needs beyond click and the settings (the client, the server, the agent, the
 # bench, the Spark conf) it imports when it runs: --version, --help and a client command then
@@ -795,4 +796,5 @@ def _bench_sizes(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 
 
 main.add_command(cache)
+main.add_command(ui)
 main.add_command(checkpoints_group(client_options, CLIENT_SETTINGS, _one_line_errors))

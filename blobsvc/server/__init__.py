@@ -34,10 +34,10 @@ The part ``blobsvc/server/``: this module (listeners, connections, requests) and
 deletions of a job take turns), ``_logs`` (text or JSON logs), ``hosts`` (the agents'
 registry), ``metrics`` (Prometheus), ``_retention`` (content TTL and the store's byte limit),
 ``checkpoints`` (each pipeline's checkpoints).
-May import :mod:`blobsvc.ha`, :mod:`blobsvc.http`, :mod:`blobsvc.storage`, :mod:`blobsvc.wire`,
-config and exceptions; never the client side. Its helpers never import this module: what they
-use of the server or a connection they name as a Protocol of their own (``FastPathConnection``,
-``MetricsServer``).
+May import :mod:`blobsvc.ha`, :mod:`blobsvc.http`, :mod:`blobsvc.ui` (the operator's page),
+:mod:`blobsvc.storage`, :mod:`blobsvc.wire`, config and exceptions; never the client side.
+Its helpers never import this module: what they use of the server or a connection they name
+as a Protocol of their own (``FastPathConnection``, ``MetricsServer``).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ from ..http._observe import ABORTED, RequestObserver, op_name
 from ..http._slots import Connection, Slots
 from ..storage import BlobStorage, OpenBlob, RecoveryReport, StagedUpload
 from ..storage._commit import GroupCommitter
+from ..ui import OperatorPage
 from ..wire._netio import SocketStream, bind_listener, body_deadline, header_deadline
 from ..wire._protocol import (
     NEED_DATA,
@@ -193,6 +194,9 @@ class BlobServer:
         ]
         """Each adds its fields to :meth:`status` (HA: mode, role, leader). Called from the
         event loop and from the metrics thread, so they only read."""
+        self.page = OperatorPage(self, tls=self._tls is not None)
+        """The operator's page, ``/ui/`` on the HTTP face (:mod:`blobsvc.ui`)."""
+        self.page.add_route(self.http)
         self._started = time.time()
         self._started_clock = time.monotonic()
         self.metrics: ServerMetrics | None = None
