@@ -29,8 +29,15 @@ last acknowledgement to ``complete()`` returning, which the server answers once 
 durable (visible to every ``latest()`` from then on) and the oldest checkpoint subsumed; the
 state nothing references is discarded after the answer. Then one task's state
 is restored from the latest standalone checkpoint, against ``get_file`` of the same files (9
-times each, taking turns to go first; medians). One JSON object per line, then
-``{"summary": ...}`` with the ratios the goals are stated in.
+times each, taking turns to go first; medians).
+
+Then, against the standalone server, one task's ``--incremental-mib`` (1 GiB) in
+``--incremental-files`` (64) files, written long enough before (``RACY_SECONDS``) for their
+stamps to count, as a running pipeline's state is: its first full checkpoint, then one after
+``--incremental-changed`` (1%, at least one file) of the files were rewritten, then the same
+again with ``stamps=False`` (every file read and hashed, as before the stamp memory).
+
+One JSON object per line, then ``{"summary": ...}`` with the ratios the goals are stated in.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from benchmarks.harness.zk import ZooKeeper
 from blobsvc import BlobClient
 from blobsvc.bench._measure import emit, machine
 from blobsvc.checkpoints import CheckpointStore, TaskHandle
+from blobsvc.files._stamps import RACY_SECONDS
 from blobsvc.wire._checkpoints import pipeline_job, state_name
 
 WAYS = ("standalone", "zookeeper", "directory", "s3")
@@ -251,6 +259,43 @@ def restore_rates(store: CheckpointStore, server: str, work: Path, rounds: int) 
     }
 
 
+def incremental_rates(server: Server, work: Path, total: int, files: int, changed: float) -> dict[str, Any]:
+    """One task's state checkpointed whole, then with ``changed`` of its files rewritten
+    (with the stamp memory, and without it)."""
+    rng = random.Random(32)
+    dirs = make_state(work / "incremental", 1, files, total // files)
+    time.sleep(RACY_SECONDS + 0.5)  # a pipeline's state was written before its checkpoint
+
+    def checkpoint(store: CheckpointStore, stamps: bool) -> tuple[float, int]:
+        received = server.received()
+        started = time.perf_counter()
+        with store.begin(["0"]) as pending:
+            pending.acknowledge("0", store.snapshot("0", dirs[0], stamps=stamps))
+        return time.perf_counter() - started, server.received() - received
+
+    with CheckpointStore(server.address, f"{PIPELINE}-incremental") as store:
+        full_s, full_received = checkpoint(store, True)
+        os.sync()
+        changed_bytes = change_state(dirs, files, changed, rng)
+        incremental_s, incremental_received = checkpoint(store, True)
+        os.sync()
+        change_state(dirs, files, changed, rng)
+        unstamped_s, _ = checkpoint(store, False)
+    return {
+        "bench": "incremental",
+        "state_bytes": total,
+        "files": files,
+        "changed_bytes": changed_bytes,
+        "full_seconds": round(full_s, 3),
+        "full_received_bytes": full_received,
+        "incremental_seconds": round(incremental_s, 3),
+        "incremental_received_bytes": incremental_received,
+        "unstamped_incremental_seconds": round(unstamped_s, 3),
+        "ratio": round(incremental_s / full_s, 4),
+        "loadavg": round(os.getloadavg()[0], 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke test: 2 tasks x 4 files x 1 MiB, 3 checkpoints")
@@ -259,10 +304,16 @@ def main() -> None:
     parser.add_argument("--file-mib", type=int, default=4)
     parser.add_argument("--checkpoints", type=int, default=5)
     parser.add_argument("--changed", type=float, default=0.1, help="fraction of the files changed per checkpoint")
+    parser.add_argument(
+        "--incremental-mib", type=int, default=1024, help="one task's state, for incremental against full"
+    )
+    parser.add_argument("--incremental-files", type=int, default=64)
+    parser.add_argument("--incremental-changed", type=float, default=0.01)
     parser.add_argument("--tmp-dir", help="where the state, the servers' data, ZooKeeper and the copies go")
     args = parser.parse_args()
     if args.quick:
         tasks, files, size, checkpoints, changed = 2, 4, 1 << 20, 3, 0.25
+        args.incremental_mib, args.incremental_files = 16, 16
     else:
         tasks, files, size = args.tasks, args.files, args.file_mib << 20
         checkpoints, changed = args.checkpoints, args.changed
@@ -331,10 +382,14 @@ def main() -> None:
                 os.sync()  # a way's dirty pages must not slow the next one's fsyncs
         restore = restore_rates(stores["standalone"], servers["standalone"].address, work, 3 if args.quick else 9)
         emit(restore)
-    emit({"summary": summarize(records, restore)})
+        incremental = incremental_rates(
+            servers["standalone"], work, args.incremental_mib << 20, args.incremental_files, args.incremental_changed
+        )
+        emit(incremental)
+    emit({"summary": summarize(records, restore, incremental)})
 
 
-def summarize(records: list[dict[str, Any]], restore: dict[str, Any]) -> dict[str, Any]:
+def summarize(records: list[dict[str, Any]], restore: dict[str, Any], one_task: dict[str, Any]) -> dict[str, Any]:
     """Medians over the incremental checkpoints (every one but the first), and the goals' ratios."""
 
     def median(way: str, field: str) -> float:
@@ -349,12 +404,16 @@ def summarize(records: list[dict[str, Any]], restore: dict[str, Any]) -> dict[st
     summary["standalone_completion_ms"] = median("standalone", "completion_ms")
     summary["zookeeper_completion_ms"] = median("zookeeper", "completion_ms")
     summary["restore_over_get_file"] = restore["ratio"]
+    summary["incremental_over_full"] = one_task["ratio"]
+    summary["zookeeper_over_standalone"] = round(summary["zookeeper_seconds"] / summary["standalone_seconds"], 3)
     summary["goals_met"] = {
         "sent_over_changed<=1.1": summary["received_over_changed"] <= 1.1,
         "time_over_directory_copy<=0.25": summary["time_over_directory_copy"] <= 0.25,
         "standalone_completion_ms<=20": summary["standalone_completion_ms"] <= 20,
         "zookeeper_completion_ms<=100": summary["zookeeper_completion_ms"] <= 100,
         "restore_over_get_file>=0.8": restore["ratio"] >= 0.8,
+        "incremental_over_full<=0.1": one_task["ratio"] <= 0.1,
+        "zookeeper_over_standalone<=1.2": summary["zookeeper_over_standalone"] <= 1.2,
     }
     return summary
 
