@@ -235,11 +235,16 @@ def test_a_name_written_again_with_its_key_writes_nothing_new(
     path, key = _source(tmp_path, b"state")
     store.put(path, key, JobBlob(JOB, "state"), epoch=3)
     written: list[str] = []
+
+    def recorded(found: Any) -> Any:
+        def write(path: str, *args: Any, **options: Any) -> Any:
+            written.append(path)
+            return found(path, *args, **options)
+
+        return write
+
     for method in ("write_file", "write_bytes", "create_bytes", "remove"):
-        found = getattr(store.files, method)
-        monkeypatch.setattr(
-            store.files, method, lambda *args, found=found, **kw: written.append(args[0]) or found(*args, **kw)
-        )
+        monkeypatch.setattr(store.files, method, recorded(getattr(store.files, method)))
     store.put(path, key, JobBlob(JOB, "state"), epoch=3)
     assert written == []
     store.put(path, key, JobBlob(JOB, "state"), epoch=4)  # a new leader writes its own record
