@@ -32,7 +32,7 @@ directory fsync makes a new object and its first ref durable together.
 
 **Name records never go back in time.** A name record is never overwritten, as Flink's
 ZooKeeperCompletedCheckpointStore never overwrites a completed checkpoint: each write of a
-name creates a new record, ordered by its file name (the writer's epoch, then a sequence
+name creates a new record (unless the writer's own newest record says the same, above), ordered by its file name (the writer's epoch, then a sequence
 within it), with an exclusive create (a link of a synced temporary file in a directory,
 ``If-None-Match`` where fsspec offers ``mode="create"``, as S3 does). A reader takes the
 newest valid record; older ones are removed only once a newer one is durable (oldest first
