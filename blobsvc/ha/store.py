@@ -32,14 +32,15 @@ directory fsync makes a new object and its first ref durable together.
 
 **Name records never go back in time.** A name record is never overwritten, as Flink's
 ZooKeeperCompletedCheckpointStore never overwrites a completed checkpoint: each write of a
-name creates a new record (unless the writer's own newest record says the same, above), ordered by its file name (the writer's epoch, then a sequence
-within it), with an exclusive create (a link of a synced temporary file in a directory,
-``If-None-Match`` where fsspec offers ``mode="create"``, as S3 does). A reader takes the
-newest valid record; older ones are removed only once a newer one is durable (oldest first
-when a name is deleted, so a crash never leaves an older version as the newest). A leader
-refuses to write under a name whose newest record has a newer epoch, but that check is only
-a courtesy: a deposed leader paused between it and its write adds a record that orders
-below the newer leader's, and is never read.
+name creates a new record (unless the writer's own newest record says the same, above),
+ordered by its file name (the writer's epoch, then a sequence within it), with an exclusive
+create (a link of a synced temporary file in a directory, ``If-None-Match`` where fsspec
+offers ``mode="create"``, as S3 does). A reader takes the newest valid record; older ones
+are removed only once a newer one is durable (oldest first when a name is deleted, so a
+crash never leaves an older version as the newest). A leader refuses to write under a name
+whose newest record has a newer epoch, but that check is only a courtesy: a deposed leader
+paused between it and its write adds a record that orders below the newer leader's, and is
+never read.
 
 Durability: a local directory (a path, or a ``file://`` URL) writes a temporary file beside
 the final one, fsyncs it, renames it into place and fsyncs the directory, so a crash leaves
