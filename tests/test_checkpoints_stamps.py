@@ -20,6 +20,8 @@ from blobsvc._exceptions import InvalidArgument
 from blobsvc.checkpoints import CheckpointStore, TaskHandle, _snapshot
 from blobsvc.checkpoints._stamps import MEMORY_SUFFIX
 from blobsvc.files import _stamps
+from blobsvc.spark._checkpoints import TaskCheckpoints
+from blobsvc.spark._local import CacheOptions
 from blobsvc.wire._ids import hash_file
 from tests.conftest import ServerThread
 
@@ -194,3 +196,17 @@ def test_without_stamps_every_file_is_read_and_nothing_is_written_beside_the_sta
     checkpoint(store, state, tmp_path, stamps=False)
     assert reads == ["f", "f"]
     assert not (tmp_path / f".state{MEMORY_SUFFIX}").exists()
+
+
+def test_a_spark_task_snapshots_through_the_same_memory(
+    server_thread: ServerThread, tmp_path: Path, reads: list[str]
+) -> None:
+    """What a task gets from ``SparkCheckpoints.tasks()``, used as a task uses it (no Spark
+    needed to call it): immutable files are passed on."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "000001.sst").write_bytes(b"table")  # just written: trusted as immutable all the same
+    tasks = TaskCheckpoints(CacheOptions(server_thread.address), "pipe", None)
+    first = tasks.snapshot(0, state, immutable=["*.sst"])
+    second = tasks.snapshot(0, state, immutable=["*.sst"])
+    assert reads == ["000001.sst"] and first.same_state(second)
