@@ -210,3 +210,15 @@ def test_a_spark_task_snapshots_through_the_same_memory(
     first = tasks.snapshot(0, state, immutable=["*.sst"])
     second = tasks.snapshot(0, state, immutable=["*.sst"])
     assert reads == ["000001.sst"] and first.same_state(second)
+
+
+def test_the_memory_of_a_state_named_with_dots_is_still_beside_it(
+    store: CheckpointStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = aged_tree(tmp_path / "state", {"f": b"data"})
+    (state / "inner").mkdir()
+    monkeypatch.chdir(state / "inner")
+    handle = store.snapshot("0", "..")
+    assert [entry.path for entry in handle.files] == ["f"]
+    assert sorted(p.name for p in state.iterdir()) == ["f", "inner"]
+    assert (tmp_path / f".state{MEMORY_SUFFIX}").is_file()

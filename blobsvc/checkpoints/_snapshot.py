@@ -65,7 +65,7 @@ def snapshot(
     info = _lstat(path)
     if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
         raise InvalidArgument(f"{path} is neither a directory nor a regular file: it cannot be snapshotted")
-    memory = StampMemory(path, immutable) if stamps else None
+    memory = StampMemory.beside(path, immutable) if stamps else None
     if stat.S_ISREG(info.st_mode):
         handle = TaskHandle(task, "file", (_store_file(client, job, memory, path, ""),))
     else:

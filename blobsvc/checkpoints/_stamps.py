@@ -39,18 +39,27 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 
 
 class StampMemory:
-    """The stamps of the files of the state at ``source`` (a directory, or a file whose path
-    is ``""``): :meth:`known` while snapshotting (from any thread), :meth:`remember` what was
-    hashed, then :meth:`save`."""
+    """The stamps of the files of a state (a directory, or a file whose path is ``""`` and
+    whose name is ``name``), kept at ``path``: :meth:`known` while snapshotting (from any
+    thread), :meth:`remember` what was hashed, then :meth:`save`."""
 
-    def __init__(self, source: Path, immutable: Sequence[str] = ()) -> None:
-        absolute = source.absolute()
-        self.name = absolute.name
-        self.path = absolute.parent / f".{absolute.name}{MEMORY_SUFFIX}"
+    def __init__(self, path: Path, name: str, immutable: Sequence[str] = ()) -> None:
+        self.path = path
+        self.name = name
         self.immutable = tuple(immutable)
         self._recorded = _load(self.path)
         self._kept: dict[str, tuple[list[int], str]] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def beside(cls, source: Path, immutable: Sequence[str] = ()) -> StampMemory | None:
+        """The memory of the state at ``source``, kept in its parent directory (``..`` and
+        links resolved first, so that it is never under ``source``); None for ``/``, which
+        has no beside."""
+        resolved = source.resolve()
+        if resolved == resolved.parent:
+            return None
+        return cls(resolved.parent / f".{resolved.name}{MEMORY_SUFFIX}", resolved.name, immutable)
 
     def known(self, relative: str, st: os.stat_result) -> bytes | None:
         """The key of the file at ``relative`` when its stamp ``st`` is the recorded one."""
