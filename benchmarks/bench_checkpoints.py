@@ -8,17 +8,21 @@ server, ``moto[server]``, from the test extra)::
 
 Each task's state is a directory of files of random bytes; before each checkpoint after the
 first, ``--changed`` of all the files (10%, chosen at random) are rewritten. ``--tasks``
-processes (one per task, as executors would be) take every checkpoint four ways, one after the
+processes (one per task, as executors would be) take every checkpoint six ways, one after the
 other on the same state, the order turning from checkpoint to checkpoint:
 
 * ``standalone``: each task snapshots its directory (``CheckpointStore.snapshot``) against a
   standalone ``blobsvc serve``; the driver acknowledges the handles and completes it;
 * ``zookeeper``: the same against a zookeeper-mode leader (a real ZooKeeper from
   ``scripts/zookeeper``, its HA store a directory);
+* ``zookeeper-s3``: the same against a second zookeeper-mode leader whose HA store is the S3
+  bucket: the state crosses that server on its way to the bucket;
 * ``directory``: each task copies its whole directory through fsspec to a shared directory
   (``checkpoint-<n>/task-<i>``), the driver writes a ``_COMPLETED`` marker and removes the
   previous checkpoint: what pipelines do by hand today;
-* ``s3``: the same to moto's S3 server on 127.0.0.1, through s3fs.
+* ``s3``: the same to moto's S3 server on 127.0.0.1, through s3fs;
+* ``s3-changed``: each task puts only the files changed since the last checkpoint (all of them
+  the first time) to the bucket through s3fs, nothing else: the floor for a checkpoint to S3.
 
 Between two ways, ``os.sync()`` (outside every clock) writes back what the last one left in
 the page cache: the copies by hand do not fsync, and their dirty pages would otherwise slow the
@@ -69,7 +73,7 @@ from blobsvc.checkpoints import CheckpointStore, TaskHandle
 from blobsvc.files._stamps import RACY_SECONDS
 from blobsvc.wire._checkpoints import pipeline_job, state_name
 
-WAYS = ("standalone", "zookeeper", "directory", "s3")
+WAYS = ("standalone", "zookeeper", "zookeeper-s3", "directory", "s3", "s3-changed")
 START_TIMEOUT = 60.0  # a JVM or moto starting on a loaded 2-core machine
 PIPELINE = "bench"
 
@@ -86,6 +90,14 @@ def copy_task(url: str, task: int, state: str) -> None:
     """Copy the task's directory whole to ``url/task-<i>`` through fsspec."""
     filesystem, root = fsspec.core.url_to_fs(url)
     filesystem.put(f"{state}/", f"{root}/task-{task}", recursive=True)
+
+
+def put_task(url: str, task: int, paths: list[str]) -> None:
+    """Put the files ``paths`` of the task's state to ``url/task-<i>/`` through fsspec."""
+    if not paths:  # this task's files all stayed as they were
+        return
+    filesystem, root = fsspec.core.url_to_fs(url)
+    filesystem.put(paths, f"{root}/task-{task}/")
 
 
 # --- where checkpoints go ----------------------------------------------------------------------
@@ -162,16 +174,19 @@ def make_state(root: Path, tasks: int, files: int, size: int) -> list[Path]:
     return dirs
 
 
-def change_state(dirs: list[Path], files: int, fraction: float, rng: random.Random) -> int:
-    """Rewrite ``fraction`` of all the files with new bytes; the bytes changed."""
+def change_state(dirs: list[Path], files: int, fraction: float, rng: random.Random) -> tuple[int, list[list[str]]]:
+    """Rewrite ``fraction`` of all the files with new bytes; the bytes changed, and each
+    task's files that changed."""
     every = [(task, index) for task in range(len(dirs)) for index in range(files)]
     changed = 0
+    paths: list[list[str]] = [[] for _ in dirs]
     for task, index in rng.sample(every, max(1, round(fraction * len(every)))):
         path = dirs[task] / f"{index:04d}.sst"
         size = path.stat().st_size
         path.write_bytes(os.urandom(size))
         changed += size
-    return changed
+        paths[task].append(str(path))
+    return changed, paths
 
 
 # --- one checkpoint, each way ------------------------------------------------------------------
@@ -213,6 +228,14 @@ def copy_checkpoint(pool: Any, base: str, dirs: list[Path], number: int) -> dict
     ended = time.perf_counter()
     state = sum(p.stat().st_size for d in dirs for p in d.iterdir())
     return {"seconds": ended - started, "sent_bytes": state, "state_bytes": state}
+
+
+def put_changed_checkpoint(pool: Any, base: str, changed: list[list[str]], number: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    pool.starmap(put_task, [(f"{base}/checkpoint-{number}", task, paths) for task, paths in enumerate(changed)])
+    ended = time.perf_counter()
+    sent = sum(Path(path).stat().st_size for paths in changed for path in paths)
+    return {"seconds": ended - started, "sent_bytes": sent, "state_bytes": sent}
 
 
 def restore_rates(store: CheckpointStore, server: str, work: Path, rounds: int) -> dict[str, Any]:
@@ -276,7 +299,7 @@ def incremental_rates(server: Server, work: Path, total: int, files: int, change
     with CheckpointStore(server.address, f"{PIPELINE}-incremental") as store:
         full_s, full_received = checkpoint(store, True)
         os.sync()
-        changed_bytes = change_state(dirs, files, changed, rng)
+        changed_bytes, _ = change_state(dirs, files, changed, rng)
         incremental_s, incremental_received = checkpoint(store, True)
         os.sync()
         change_state(dirs, files, changed, rng)
@@ -353,19 +376,46 @@ def main() -> None:
                     )
                 )
             ),
+            "zookeeper-s3": Server(
+                stack.enter_context(
+                    serve(
+                        "--metrics-port",
+                        "0",
+                        "--recovery-mode",
+                        "zookeeper",
+                        "--zookeeper",
+                        hosts,
+                        "--ha-dir",
+                        f"s3://{bucket}/ha",
+                        "--cluster-id",
+                        "bench-s3",
+                        data_dir=work / "data-zk-s3",
+                    )
+                )
+            ),
         }
-        wait_until("the zookeeper-mode leader", lambda: leading(servers["zookeeper"].address))
+        for way in ("zookeeper", "zookeeper-s3"):
+            wait_until(f"the {way} leader", lambda way=way: leading(servers[way].address))
         stores = {way: stack.enter_context(CheckpointStore(s.address, PIPELINE)) for way, s in servers.items()}
         copies = {"directory": f"file://{work / 'shared'}", "s3": f"s3://{bucket}/{PIPELINE}"}
+        changed_puts = f"s3://{bucket}/{PIPELINE}-changed"
         (work / "shared").mkdir()
         dirs = make_state(work / "state", tasks, files, size)
         pool = stack.enter_context(multiprocessing.get_context("forkserver").Pool(tasks))
         for number in range(checkpoints):
-            changed_bytes = tasks * files * size if number == 0 else change_state(dirs, files, changed, rng)
+            if number == 0:
+                changed_bytes, changed_paths = (
+                    tasks * files * size,
+                    [[str(p) for p in sorted(d.iterdir())] for d in dirs],
+                )
+            else:
+                changed_bytes, changed_paths = change_state(dirs, files, changed, rng)
             turn = number % len(WAYS)
             for way in WAYS[turn:] + WAYS[:turn]:
                 if way in stores:
                     result = blobsvc_checkpoint(pool, stores[way], servers[way], dirs, number)
+                elif way == "s3-changed":
+                    result = put_changed_checkpoint(pool, changed_puts, changed_paths, number)
                 else:
                     result = copy_checkpoint(pool, copies[way], dirs, number)
                 record = {
@@ -406,6 +456,8 @@ def summarize(records: list[dict[str, Any]], restore: dict[str, Any], one_task: 
     summary["restore_over_get_file"] = restore["ratio"]
     summary["incremental_over_full"] = one_task["ratio"]
     summary["zookeeper_over_standalone"] = round(summary["zookeeper_seconds"] / summary["standalone_seconds"], 3)
+    summary["zookeeper_s3_received_bytes"] = median("zookeeper-s3", "received_bytes")
+    summary["zookeeper_s3_over_changed_put"] = round(summary["zookeeper-s3_seconds"] / summary["s3-changed_seconds"], 3)
     summary["goals_met"] = {
         "sent_over_changed<=1.1": summary["received_over_changed"] <= 1.1,
         "time_over_directory_copy<=0.25": summary["time_over_directory_copy"] <= 0.25,
@@ -414,6 +466,8 @@ def summarize(records: list[dict[str, Any]], restore: dict[str, Any], one_task: 
         "restore_over_get_file>=0.8": restore["ratio"] >= 0.8,
         "incremental_over_full<=0.1": one_task["ratio"] <= 0.1,
         "zookeeper_over_standalone<=1.2": summary["zookeeper_over_standalone"] <= 1.2,
+        "zookeeper_s3_received_bytes<1MiB": summary["zookeeper_s3_received_bytes"] < 1 << 20,
+        "zookeeper_s3_over_changed_put<=1.2": summary["zookeeper_s3_over_changed_put"] <= 1.2,
     }
     return summary
 
