@@ -461,7 +461,7 @@ def test_records_refuse_a_replaced_writer_in_the_same_step_as_the_write(tmp_path
     with pytest.raises(Fenced):
         records.add_pending("p", old, 9, 1.0)  # nor trigger
     records.add_pending("p", new, 9, 1.0)
-    assert records.pending("p") == {9: {"epoch": new, "deadline": 1.0}}
+    assert records.pending("p") == {9: {"epoch": new, "deadline": 1.0, "savepoint": False}}
     records.remove_pending("p", [9, 10])
     assert records.pending("p") == {}
     assert [r["id"] for r in records.records("p")] == [first]

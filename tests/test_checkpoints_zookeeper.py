@@ -18,12 +18,14 @@ from kazoo.client import KazooClient
 
 from benchmarks.harness.zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 from blobsvc import BlobClient
-from blobsvc._exceptions import NotLeader
+from blobsvc._exceptions import NotFound, NotLeader
 from blobsvc.checkpoints import CheckpointStore, Fenced, _snapshot
 from blobsvc.files import _stamps
 from blobsvc.ha.checkpoints import ZooKeeperCheckpointRecords
 from blobsvc.ha.discovery import ZkPaths
 from blobsvc.wire._ids import hash_file
+
+from .test_checkpoints_authority import complete, put_metadata, request
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -58,7 +60,7 @@ def test_records_are_written_only_under_the_leaders_epoch_and_fence_a_replaced_w
     records.add("p", old, record)
     records.add("p", old, record)  # again: a retried complete is a no-op
     records.add_pending("p", old, 7, 123.5)
-    assert records.pending("p") == {7: {"epoch": old, "deadline": 123.5}}
+    assert records.pending("p") == {7: {"epoch": old, "deadline": 123.5, "savepoint": False}}
     new = records.register("p")
     with pytest.raises(Fenced):
         records.add("p", old, {**record, "id": records.next_id("p")})
@@ -245,3 +247,32 @@ def test_an_incremental_checkpoint_reads_sends_and_stores_only_what_changed(
         assert latest is not None and latest.id == pending.id
         restored = latest.restore("0", tmp_path / "restored")
         assert {p.name: p.read_bytes() for p in restored.iterdir()} == {p.name: p.read_bytes() for p in state.iterdir()}
+
+
+def test_the_leader_decides_each_checkpoints_life_from_its_zookeeper_records(
+    zookeeper: ZooKeeper, servers: list[HaServer], tmp_path: Path
+) -> None:
+    """Raw CHECKPOINTS requests to a zookeeper-mode leader: a forged id is refused, completing a
+    checkpoint aborts the older pending ones but savepoints (the savepoint flag is in the
+    pending node), and a silent coordinator's checkpoint is aborted by the leader's clock."""
+    url = f"zk://{zookeeper.hosts}/ckrules"
+    servers.append(HaServer(zookeeper.hosts, tmp_path / "ha", tmp_path / "a", cluster_id="ckrules"))
+    wait_for_leader(url)
+    with _client(url) as client:
+        epoch = request(client, "register")["epoch"]
+        with pytest.raises(NotFound, match="no pending checkpoint"):
+            complete(client, epoch, 1 << 62, put_metadata(client, 1 << 62))
+        older = request(client, "trigger", epoch=epoch, timeout=60)["id"]
+        savepoint = request(client, "trigger", epoch=epoch, timeout=60, savepoint=True)["id"]
+        newer = request(client, "trigger", epoch=epoch, timeout=60)["id"]
+        complete(client, epoch, newer, put_metadata(client, newer))
+        assert request(client, "list")["pending"] == [savepoint]
+        with pytest.raises(NotFound):
+            complete(client, epoch, older, put_metadata(client, older))
+        request(client, "abort", id=savepoint)
+        aborted = client.status()["checkpoints_aborted"]
+        request(client, "trigger", epoch=epoch, timeout=0.5)  # and its coordinator says no more
+        deadline = time.monotonic() + 15
+        while client.status()["checkpoints_aborted"] == aborted:
+            assert time.monotonic() < deadline, "the leader never aborted the silent checkpoint"
+            time.sleep(0.2)

@@ -266,3 +266,17 @@ def test_a_cache_takes_a_blob_exactly_its_limit_and_refuses_one_byte_more(
         assert cache.check() == []
     finally:
         cache.close()
+
+
+def test_a_link_answers_only_once_its_name_and_objects_are_fsynced(storage: BlobStorage, calls: CallLog) -> None:
+    """LINK: the new name is renamed into place, then its directory (and objects/, which a PUT
+    of the key in flight may not have flushed) is fsynced, before ``link`` returns: before the
+    server acknowledges the request."""
+    key = publish(storage, b"linked bytes")
+    target = JobBlob(JOB, "state/linked")
+    calls.calls.clear()
+    assert storage.link(key, target) == len(b"linked bytes")
+    path = os.path.relpath(storage.layout.job_blob(JOB, target.name), storage.layout.root)
+    named = calls.index("replace", lambda paths: paths[1] == path)
+    assert named < calls.index("fsync", lambda paths: paths == (os.path.dirname(path),)), calls.calls
+    assert named < calls.index("fsync", lambda paths: paths == ("objects",)), calls.calls

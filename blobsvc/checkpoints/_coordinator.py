@@ -116,7 +116,13 @@ class CheckpointCoordinator:
                     f"at most {self.options.max_concurrent} at once"
                 )
             reply = self.client.checkpoints(
-                {"action": "trigger", "pipeline": self.pipeline, "epoch": self.epoch, "timeout": timeout}
+                {
+                    "action": "trigger",
+                    "pipeline": self.pipeline,
+                    "epoch": self.epoch,
+                    "timeout": timeout,
+                    "savepoint": savepoint,
+                }
             )
             pending = PendingCheckpoint(
                 self,

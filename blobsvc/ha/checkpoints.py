@@ -109,15 +109,20 @@ class CheckpointRecords(Protocol):
     def records(self, pipeline: str) -> list[Record]:
         """The completed checkpoints' records, by id."""
 
-    def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float) -> None:
-        """Record a triggered checkpoint until ``deadline`` (Unix time), if ``epoch`` is still
-        the writer's (else :class:`Fenced`)."""
+    def add_pending(
+        self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float, savepoint: bool = False
+    ) -> None:
+        """Record a triggered checkpoint (a savepoint or not) until ``deadline`` (Unix time), if
+        ``epoch`` is still the writer's (else :class:`Fenced`)."""
 
     def remove_pending(self, pipeline: str, checkpoint_ids: list[int]) -> None:
         """Forget pending checkpoints (completed, aborted, expired); those not there are skipped."""
 
     def pending(self, pipeline: str) -> dict[int, Record]:
-        """The pending checkpoints: id → ``{"epoch", "deadline"}``."""
+        """The pending checkpoints: id → ``{"epoch", "deadline", "savepoint"}``."""
+
+    def pipelines(self) -> list[str]:
+        """Every pipeline that has records."""
 
 
 class FileCheckpointRecords:
@@ -176,11 +181,13 @@ class FileCheckpointRecords:
                 raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}")
             self._files.remove(path)
 
-    def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float) -> None:
+    def add_pending(
+        self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float, savepoint: bool = False
+    ) -> None:
         check_pipeline(pipeline)
         with self._lock:
             self._check_writer(pipeline, epoch)
-            entry = {"epoch": epoch, "deadline": deadline}
+            entry = {"epoch": epoch, "deadline": deadline, "savepoint": savepoint}
             self._files.write_bytes(f"{pipeline}/pending/{_id_name(checkpoint_id)}", _encode(entry))
 
     def remove_pending(self, pipeline: str, checkpoint_ids: list[int]) -> None:
@@ -199,6 +206,9 @@ class FileCheckpointRecords:
                 except FileNotFoundError:  # removed since the listing
                     continue
         return found
+
+    def pipelines(self) -> list[str]:
+        return [name for name in self._files.listdir("") if (self.root / name).is_dir()]
 
     def records(self, pipeline: str) -> list[Record]:
         check_pipeline(pipeline)
@@ -315,11 +325,13 @@ class ZooKeeperCheckpointRecords:
         except NoNodeError:
             raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id}") from None
 
-    def add_pending(self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float) -> None:
+    def add_pending(
+        self, pipeline: str, epoch: int, checkpoint_id: int, deadline: float, savepoint: bool = False
+    ) -> None:
         root = self._ensure(pipeline)
         transaction = self._transaction()
         transaction.check(f"{root}/writer", epoch)
-        entry = {"epoch": epoch, "deadline": deadline}
+        entry = {"epoch": epoch, "deadline": deadline, "savepoint": savepoint}
         transaction.create(f"{root}/pending/{_id_name(checkpoint_id)}", _encode(entry))
         self._commit(transaction, pipeline, epoch)
 
@@ -352,6 +364,14 @@ class ZooKeeperCheckpointRecords:
                     continue
                 found[int(name)] = _parse_pending(data)
         return found
+
+    def pipelines(self) -> list[str]:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            return list(self.client.get_children(f"{self.paths.root}/checkpoints"))
+        except NoNodeError:
+            return []
 
     def records(self, pipeline: str) -> list[Record]:
         from kazoo.exceptions import NoNodeError

@@ -7,26 +7,39 @@ the server keeps them; the records themselves are the recovery mode's
 (:mod:`blobsvc.ha.checkpoints`), the state and metadata are blobs of the pipeline's job
 (:mod:`blobsvc.wire._checkpoints`). Each rule is enforced here, once:
 
-1. **Complete only what is whole.** ``complete`` reads the checkpoint's metadata blob, checks
+1. **The server decides each checkpoint's life.** ``complete`` succeeds only for an id this
+   pipeline's ``trigger`` gave, still pending (an abort is final: an aborted, timed-out or
+   subsumed id never completes), before its deadline, under the caller's writer epoch, which
+   is still the pipeline's; each of these is checked from the records before any metadata
+   blob is read. A replaced coordinator is FENCED whatever its successor cleaned up since.
+   The metadata must be that checkpoint's (its id, pipeline and savepoint flag). Ids only go
+   up: the counter is durable before an id is given (:mod:`blobsvc.ha.checkpoints`).
+   Completing checkpoint N aborts every older pending checkpoint of the pipeline but
+   savepoints: N subsumes them, as in Flink (``CheckpointCoordinatorTest``'s
+   ``testSuccessfulCheckpointSubsumesOlderPendingCheckpoints``). A pending checkpoint past its
+   deadline is aborted by the server on a clock (every :data:`TICK_SECONDS`), whether or not
+   any request names its pipeline, and its state becomes discardable; so do restores' expired
+   holds (:mod:`blobsvc.server._checkpoint_holds`).
+2. **Complete only what is whole.** ``complete`` reads the checkpoint's metadata blob, checks
    its bytes against the key the coordinator names (a damaged or replaced blob is refused),
    and checks that every state file it references is there under ``state/<key>`` with that
    content. Only then is the record added; a checkpoint whose state is not all there is
    refused, and stays invisible.
-2. **Add first, subsume after.** The record is durable (fsynced file, or ZooKeeper node)
+3. **Add first, subsume after.** The record is durable (fsynced file, or ZooKeeper node)
    before the oldest checkpoints beyond ``retain`` are subsumed: if adding fails, nothing
    retained is lost. Savepoints are never subsumed.
-3. **A replaced writer is fenced.** ``register`` gives a coordinator a new writer epoch;
+4. **A replaced writer is fenced.** ``register`` gives a coordinator a new writer epoch;
    ``trigger``, ``complete`` and subsuming name it, and the records refuse (FENCED) an epoch
    that is no longer the pipeline's, in the same atomic step as the write. A new coordinator's
    registration also forgets the pending checkpoints of every older one.
-4. **Discard only what nothing references.** A state name goes when no retained checkpoint's
+5. **Discard only what nothing references.** A state name goes when no retained checkpoint's
    metadata and no restore's hold references its content, and never while a checkpoint of the
    pipeline is pending (its tasks may just have linked it; pending checkpoints are records, so
    a restarted server or a new leader knows them). When a retained
    checkpoint's references are unknown (its record or metadata cannot be read, and this server
    never read that metadata intact), nothing is discarded. After a completion, discarding runs
    in the background, after the answer; ``list`` waits for it.
-5. **Never silently fall back.** A record whose metadata blob is missing or damaged is logged
+6. **Never silently fall back.** A record whose metadata blob is missing or damaged is logged
    at WARNING once, counted (``checkpoints_damaged``) and named in STATUS; ``list`` marks it
    with a ``problem`` so that a restore takes the previous one, saying so.
 
@@ -38,6 +51,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -45,8 +60,6 @@ import signal
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-
-import blake3
 
 from .._exceptions import (
     BadRequest,
@@ -59,18 +72,10 @@ from .._exceptions import (
     NotFound,
     NotLeader,
 )
-from ..wire._checkpoints import (
-    MAX_METADATA_BYTES,
-    Metadata,
-    check_pipeline,
-    metadata_id,
-    metadata_name,
-    parse_metadata,
-    pipeline_job,
-    state_key,
-    state_name,
-)
+from ..wire._checkpoints import check_pipeline, metadata_id, pipeline_job, state_key
 from ..wire._protocol import ContentKey, JobBlob
+from ._checkpoint_holds import MAX_HOLDS, Holds
+from ._checkpoint_metadata import MetadataReader
 
 if TYPE_CHECKING:
     from ..ha import HighAvailability
@@ -89,7 +94,13 @@ MAX_DAMAGED_LISTED = 20  # STATUS names this many damaged records; the count say
 # each is a record) and restores' holds (one per restore under way, in memory, with its
 # checkpoint's keys) are bounded; past the bound, BUSY (they expire, so a retry succeeds).
 MAX_PENDING = 1_000  # per pipeline
-MAX_HOLDS = 10_000  # a restore per task: a pipeline of thousands of partitions restores at once
+# How often the server aborts pending checkpoints past their deadline and drops expired holds:
+# a coordinator that died without a word leaves its checkpoint pending this long at most.
+TICK_SECONDS = 1.0
+# Every this many ticks the clock lists every pipeline the records have, not only those this
+# server saw triggered: a follower that became leader, or a restarted server, learns of the
+# checkpoints another left pending.
+LIST_EVERY_TICKS = 10
 # Requests of one pipeline that write take turns under its lock: one of this many, chosen by
 # the pipeline's name, so that names a client makes up cost no memory.
 LOCK_STRIPES = 64
@@ -127,10 +138,12 @@ class Checkpoints:
         self.server = server
         self._records: CheckpointRecords | None = None
         self._stripes = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
-        self._holds: dict[str, dict[str, tuple[float, int, frozenset[bytes]]]] = {}  # → token → (deadline, id, keys)
-        # The state keys of metadata read before, by (pipeline, id, metadata key): a blob's
-        # content never changes under its key, so what it references never does either.
-        self._keys: dict[tuple[str, int, str], frozenset[bytes]] = {}
+        self._holds = Holds()
+        self.metadata = MetadataReader(server)
+        # Pipelines that may have pending checkpoints: every one the records had when last
+        # listed, and every one triggered since; the clock looks at these only.
+        self._pending_pipelines: set[str] = set()
+        self._ticking: asyncio.Task[None] | None = None
         self.counts: collections.Counter[str] = collections.Counter()
         self.damaged: dict[tuple[str, int], str] = {}
         self.last_completed: tuple[str, int, float] | None = None
@@ -140,7 +153,38 @@ class Checkpoints:
         return self._stripes[hash(pipeline) % LOCK_STRIPES]
 
     def start(self) -> None:
+        """Open the records and start the clock (in the server's event loop)."""
         self._records = self.server.ha.checkpoint_records(self.server.storage)
+        self._ticking = asyncio.create_task(self._tick_forever())
+
+    async def _tick_forever(self) -> None:
+        for ticks in itertools.count():
+            if ticks % LIST_EVERY_TICKS == 0:
+                try:
+                    self._pending_pipelines.update(await self._records_call(self.records.pipelines))
+                except BlobError as exc:  # ZooKeeper away: the next listing finds them
+                    log.debug("checkpoints: pipelines not listed: %s", exc)
+            await asyncio.sleep(TICK_SECONDS)
+            await self.tick()
+
+    async def tick(self) -> None:
+        """Abort every pending checkpoint past its deadline and drop expired holds, for every
+        pipeline; discard what they kept."""
+        touched = set(self._holds.expire())
+        for pipeline in sorted(self._pending_pipelines):
+            async with self._lock(pipeline):
+                try:
+                    pending = await self._records_call(self.records.pending, pipeline)
+                    if not pending:
+                        self._pending_pipelines.discard(pipeline)
+                    elif len(await self._live_pending(pipeline)) < len(pending):
+                        touched.add(pipeline)
+                except BlobError as exc:  # not the leader (any more): its successor's clock ticks
+                    log.debug("pipeline %s: deadlines not checked: %s", pipeline, exc)
+        for pipeline in sorted(touched):
+            async with self._lock(pipeline):
+                with contextlib.suppress(BlobError):
+                    await self._discard(pipeline)
 
     @property
     def records(self) -> CheckpointRecords:
@@ -153,13 +197,14 @@ class Checkpoints:
             pipeline = check_pipeline(request.get("pipeline"))
         except InvalidArgument as exc:
             raise BadRequest(str(exc)) from None
-        self._expire_holds(pipeline)
         match action:
             case "register":
                 return await self._register(pipeline)
             case "trigger":  # under the lock: a registration cannot slip between its check and its id
                 async with self._lock(pipeline):
-                    return await self._trigger(pipeline, _integer(request, "epoch"), _seconds(request, "timeout"))
+                    return await self._trigger(
+                        pipeline, _integer(request, "epoch"), _seconds(request, "timeout"), _flag(request, "savepoint")
+                    )
             case "complete":
                 async with self._lock(pipeline):
                     return await self._complete(pipeline, request)
@@ -188,13 +233,15 @@ class Checkpoints:
         log.info("pipeline %s: coordinator epoch %d registered", pipeline, epoch)
         return {"epoch": epoch}
 
-    async def _trigger(self, pipeline: str, epoch: int, timeout: float) -> dict[str, Any]:
+    async def _trigger(self, pipeline: str, epoch: int, timeout: float, savepoint: bool) -> dict[str, Any]:
         await self._check_writer(pipeline, epoch)  # before an id goes to a replaced coordinator
         if len(await self._live_pending(pipeline)) >= MAX_PENDING:
             raise Busy(f"{MAX_PENDING} checkpoints of {pipeline} are pending: wait for some to end")
         checkpoint_id = await self._records_call(self.records.next_id, pipeline)
+        self._pending_pipelines.add(pipeline)
         # FENCED here too, in one step with the write, if a registration came between.
-        await self._records_call(self.records.add_pending, pipeline, epoch, checkpoint_id, time.time() + timeout)
+        deadline = time.time() + timeout
+        await self._records_call(self.records.add_pending, pipeline, epoch, checkpoint_id, deadline, savepoint)
         return {"id": checkpoint_id}
 
     async def _check_writer(self, pipeline: str, epoch: int) -> None:
@@ -209,11 +256,29 @@ class Checkpoints:
         key = request.get("metadata")
         if not isinstance(key, str) or len(key) != 64:
             raise BadRequest("complete names its metadata blob's key: 64 hex characters")
-        metadata, size = await self._read_metadata(pipeline, checkpoint_id, key)
-        if metadata.checkpoint_id != checkpoint_id or metadata.pipeline != pipeline:
-            raise BadRequest(f"the metadata is checkpoint {metadata.checkpoint_id} of {metadata.pipeline}")
+        # Everything the records can refuse is refused before a byte of metadata is read.
+        await self._check_writer(pipeline, epoch)
+        entry = await self._pending_entry(pipeline, epoch, checkpoint_id)
+        if entry is None:  # completed already: a retry whose first answer was lost
+            done = next(
+                (r for r in await self._records_call(self.records.records, pipeline) if r["id"] == checkpoint_id), None
+            )
+            if done is not None and done.get("metadata") == key:
+                return {"record": done, "subsumed": []}
+            raise NotFound(
+                f"pipeline {pipeline} has no pending checkpoint {checkpoint_id}: "
+                "it was never triggered, or it was aborted, timed out, subsumed or completed"
+            )
+        metadata, size = await self.metadata.read(pipeline, checkpoint_id, key)
+        savepoint = bool(entry.get("savepoint", False))
+        if (metadata.checkpoint_id, metadata.pipeline, metadata.savepoint) != (checkpoint_id, pipeline, savepoint):
+            found, wanted = _kind(metadata.savepoint), _kind(savepoint)
+            raise BadRequest(
+                f"the metadata is {found} {metadata.checkpoint_id} of {metadata.pipeline}, "
+                f"not {wanted} {checkpoint_id} of {pipeline}"
+            )
         try:
-            await self._check_state(pipeline, metadata)
+            await self.metadata.check_state(pipeline, metadata)
         except (NotFound, DigestMismatch):
             # A replaced coordinator's state is discarded once the new one completes: say why.
             await self._check_writer(pipeline, epoch)
@@ -228,8 +293,10 @@ class Checkpoints:
         }
         _crash_point("before-record")
         await self._records_call(self.records.add, pipeline, epoch, record)  # FENCED when replaced
+        self.metadata.remember(pipeline, record, metadata)
         _crash_point("after-record")
         await self._records_call(self.records.remove_pending, pipeline, [checkpoint_id])
+        await self._subsume_pending(pipeline, checkpoint_id)
         self.counts["completed"] += 1
         self.counts["bytes_sent"] += metadata.bytes_sent
         self.counts["bytes_reused"] += metadata.size - metadata.bytes_sent
@@ -238,6 +305,24 @@ class Checkpoints:
         _crash_point("after-subsume")
         self._discard_later(pipeline)
         return {"record": record, "subsumed": subsumed}
+
+    async def _pending_entry(self, pipeline: str, epoch: int, checkpoint_id: int) -> Record | None:
+        """The pending checkpoint's entry if this writer may complete it, None when it is not
+        pending; past its deadline it is aborted here (NOT_FOUND)."""
+        entry = (await self._live_pending(pipeline)).get(checkpoint_id)
+        if entry is not None and entry.get("epoch") != epoch:
+            raise Fenced(f"pipeline {pipeline}: checkpoint {checkpoint_id} was triggered by another coordinator")
+        return entry
+
+    async def _subsume_pending(self, pipeline: str, checkpoint_id: int) -> None:
+        """Abort the pipeline's pending checkpoints older than ``checkpoint_id``, savepoints
+        excepted: a completed checkpoint subsumes them, as Flink's does."""
+        pending = await self._records_call(self.records.pending, pipeline)
+        older = [i for i, entry in pending.items() if i < checkpoint_id and not entry.get("savepoint")]
+        if older:
+            await self._records_call(self.records.remove_pending, pipeline, older)
+            self.counts["aborted"] += len(older)
+            log.info("pipeline %s: checkpoint %d subsumed pending checkpoints %s", pipeline, checkpoint_id, older)
 
     def _discard_later(self, pipeline: str) -> None:
         """Discard after the answer, as Flink discards subsumed checkpoints in the background:
@@ -266,8 +351,8 @@ class Checkpoints:
             await asyncio.wait([task])
 
     async def stop(self) -> None:
-        """Cancel the discards in progress (the next completion's discard does their work)."""
-        tasks = list(self._discarding.values())
+        """Stop the clock; cancel the discards in progress (the next completion's discard does their work)."""
+        tasks = list(self._discarding.values()) + ([self._ticking] if self._ticking is not None else [])
         for task in tasks:
             task.cancel()
         if tasks:
@@ -303,7 +388,7 @@ class Checkpoints:
         for record in records:
             if "problem" not in record:
                 try:
-                    await self._read_metadata(pipeline, record["id"], record["metadata"])
+                    await self.metadata.verify(pipeline, record)
                 except (NotFound, DigestMismatch, BadRequest) as exc:
                     record["problem"] = str(exc)
             if "problem" in record:
@@ -330,16 +415,18 @@ class Checkpoints:
             record = next((r for r in records if r["id"] == checkpoint_id), None)
             if record is None or "problem" in record:
                 raise NotFound(f"pipeline {pipeline} has no checkpoint {checkpoint_id} to restore")
-            if sum(map(len, self._holds.values())) >= MAX_HOLDS:
-                raise Busy(f"{MAX_HOLDS} restores hold checkpoints on this server: wait for some to end")
-            keys = await self._record_keys(pipeline, record)
+            if len(self._holds) >= MAX_HOLDS:
+                self._holds.expire()
+                if len(self._holds) >= MAX_HOLDS:
+                    raise Busy(f"{MAX_HOLDS} restores hold checkpoints on this server: wait for some to end")
+            keys = await self.metadata.keys(pipeline, record)
             token = secrets.token_hex(16)
-            self._holds.setdefault(pipeline, {})[token] = (time.monotonic() + seconds, checkpoint_id, keys)
+            self._holds.add(pipeline, token, seconds, checkpoint_id, keys)
         return {"token": token}
 
     async def _release(self, pipeline: str, token: object) -> dict[str, Any]:
         async with self._lock(pipeline):
-            if isinstance(token, str) and self._holds.get(pipeline, {}).pop(token, None) is not None:
+            if self._holds.release(pipeline, token):
                 return {"discarded": await self._discard(pipeline)}
         return {"discarded": 0}
 
@@ -360,70 +447,6 @@ class Checkpoints:
 
     # --- the rules ----------------------------------------------------------------------------
 
-    async def _read_metadata(self, pipeline: str, checkpoint_id: int, key: str) -> tuple[Metadata, int]:
-        """The metadata blob ``meta/<id>``, its bytes checked against ``key`` (rule 1)."""
-        target = JobBlob(pipeline_job(pipeline), metadata_name(checkpoint_id))
-        try:
-            blob = await self.server.open_blob(target)
-        except NotFound:
-            raise NotFound(f"checkpoint {checkpoint_id}'s metadata blob is missing") from None
-        with blob:
-            if blob.size > MAX_METADATA_BYTES:
-                raise BadRequest(f"checkpoint {checkpoint_id}'s metadata is over {MAX_METADATA_BYTES} bytes")
-            raw = await asyncio.to_thread(os.pread, blob.fd, blob.size, 0)
-        if blake3.blake3(raw).hexdigest() != key or len(raw) != blob.size:
-            raise DigestMismatch(
-                f"checkpoint {checkpoint_id}'s metadata blob is damaged: its bytes do not hash to {key}"
-            )
-        try:
-            metadata = parse_metadata(raw)
-        except InvalidArgument as exc:
-            raise BadRequest(f"checkpoint {checkpoint_id}'s metadata: {exc}") from None
-        self._keys[(pipeline, checkpoint_id, key)] = frozenset(metadata.keys())
-        return metadata, len(raw)
-
-    async def _check_state(self, pipeline: str, metadata: Metadata) -> None:
-        job = pipeline_job(pipeline)
-        entries = [(task, entry) for task, handle in metadata.tasks.items() for entry in handle.files]
-        # Every name stat-ed in one worker thread: a thread hop per file would cost more than the stat.
-        local = await asyncio.to_thread(
-            self._stat_all, [JobBlob(job, state_name(bytes.fromhex(e.key))) for _, e in entries]
-        )
-        for (task, entry), found in zip(entries, local, strict=True):
-            if found is not None:
-                size, digest = found
-            else:  # a new leader that has not fetched it yet
-                try:
-                    with await self.server.open_blob(JobBlob(job, state_name(bytes.fromhex(entry.key)))) as blob:
-                        size, digest = blob.size, blob.digest
-                except NotFound:
-                    raise NotFound(
-                        f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
-                        "is not on the server (discarded meanwhile?): not completed"
-                    ) from None
-            if digest.hex() != entry.key or size != entry.size:
-                raise DigestMismatch(
-                    f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
-                    "does not hold what its handle says: not completed"
-                )
-
-    def _stat_all(self, targets: list[JobBlob]) -> list[tuple[int, bytes] | None]:
-        """Size and digest of each name on the local disk, None where it has none."""
-        found: list[tuple[int, bytes] | None] = []
-        for target in targets:
-            try:
-                found.append(self.server.storage.stat(target))
-            except NotFound:
-                found.append(None)
-        return found
-
-    async def _record_keys(self, pipeline: str, record: Record) -> frozenset[bytes]:
-        cached = self._keys.get((pipeline, record["id"], record["metadata"]))
-        if cached is not None:
-            return cached
-        await self._read_metadata(pipeline, record["id"], record["metadata"])
-        return self._keys[(pipeline, record["id"], record["metadata"])]
-
     def _report_damaged(self, pipeline: str, record: Record) -> None:
         if (pipeline, record["id"]) not in self.damaged:
             log.warning("pipeline %s: checkpoint %d cannot be restored: %s", pipeline, record["id"], record["problem"])
@@ -441,12 +464,12 @@ class Checkpoints:
             try:
                 if "problem" in record:
                     raise BadRequest(record["problem"])
-                referenced |= await self._record_keys(pipeline, record)
+                referenced |= await self.metadata.keys(pipeline, record)
             except (NotFound, DigestMismatch, BadRequest) as exc:
                 record.setdefault("problem", str(exc))
                 self._report_damaged(pipeline, record)
                 return 0
-        for _, held_id, keys in self._holds.get(pipeline, {}).values():
+        for held_id, keys in self._holds.held(pipeline):
             referenced |= keys
             keep_ids.add(held_id)
         job = pipeline_job(pipeline)
@@ -464,7 +487,7 @@ class Checkpoints:
                     log.warning("pipeline %s: could not discard %s: %s", pipeline, name, exc)
                     break
                 discarded += 1
-        self._keys = {k: v for k, v in self._keys.items() if k[0] != pipeline or k[1] in keep_ids}
+        self.metadata.forget(pipeline, keep_ids)
         if discarded:
             self.counts["discarded"] += discarded
             log.info("pipeline %s: discarded %d blobs no checkpoint references", pipeline, discarded)
@@ -480,12 +503,6 @@ class Checkpoints:
             self.counts["aborted"] += len(expired)
             log.info("pipeline %s: checkpoints %s timed out", pipeline, expired)
         return {checkpoint_id: entry for checkpoint_id, entry in pending.items() if checkpoint_id not in expired}
-
-    def _expire_holds(self, pipeline: str) -> None:
-        now = time.monotonic()
-        holds = self._holds.get(pipeline, {})
-        for token in [t for t, (deadline, _, _) in holds.items() if deadline < now]:
-            del holds[token]
 
     def status(self) -> dict[str, Any]:
         """For STATUS and the metrics, counted since this server started: reads only."""
@@ -520,3 +537,14 @@ def _seconds(request: dict[str, Any], field: str) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= MAX_TIMEOUT:
         raise BadRequest(f"a checkpoints request's {field!r} is a number of seconds up to {MAX_TIMEOUT:g}")
     return float(value)
+
+
+def _flag(request: dict[str, Any], field: str) -> bool:
+    value = request.get(field, False)
+    if not isinstance(value, bool):
+        raise BadRequest(f"a checkpoints request's {field!r} is true or false, not {value!r}")
+    return value
+
+
+def _kind(savepoint: bool) -> str:
+    return "savepoint" if savepoint else "checkpoint"

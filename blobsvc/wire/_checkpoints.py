@@ -14,10 +14,10 @@ turns its paths into files.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 import blake3
@@ -28,6 +28,7 @@ from ._protocol import JOB_SIZE
 __all__ = [
     "MAX_FILES",
     "MAX_METADATA_BYTES",
+    "MAX_METADATA_VALUES",
     "MAX_TASKS",
     "METADATA_FORMAT",
     "FileEntry",
@@ -54,7 +55,14 @@ METADATA_FORMAT = 1
 # checkpoint references. 10,000 tasks of 100,000 files between them is far beyond a pipeline.
 MAX_TASKS = 10_000
 MAX_FILES = 100_000
-MAX_METADATA_BYTES = 64 << 20
+# 100,000 files make 13.8 MiB of metadata with 30-byte paths, 16.7 MiB with 60-byte ones: 16
+# MiB holds 100,000 files whose paths average up to 50 bytes. Parsing costs the server about
+# five times the blob's size at its peak (benchmarks/RESULTS.md), so this bounds its memory.
+MAX_METADATA_BYTES = 16 << 20
+# JSON values a metadata blob may hold, counted before it is parsed: a file entry is about
+# five (object, separators), a task a few more, the properties a bounded allowance. A blob of
+# tiny values ("[[],[],...]") would otherwise cost the parser ~20 times its size in objects.
+MAX_METADATA_VALUES = 8 * MAX_FILES + 8 * MAX_TASKS + 100_000
 MAX_PATH_BYTES = 4096
 STATE_PREFIX = "state/"
 METADATA_PREFIX = "meta/"
@@ -182,10 +190,54 @@ def _contents(files: tuple[FileEntry, ...]) -> list[tuple[str, int, str]]:
     return [(entry.path, entry.size, entry.key) for entry in files]
 
 
+class _Entry(tuple[Any, ...]):
+    """A JSON object shaped like a file entry, as :func:`parse_metadata` reads it: its path,
+    size, key and sent flag (:data:`_ABSENT` where the object has none). A tuple of four
+    costs a third of a dict: no dict per file survives the parse of a 100,000-file metadata."""
+
+    __slots__ = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: value for name, value in zip(_ENTRY_FIELDS, self, strict=True) if value is not _ABSENT}
+
+
+_ENTRY_FIELDS = ("path", "size", "key", "sent")
+_ABSENT = object()
+
+
+def _compact(pairs: list[tuple[str, Any]]) -> Any:
+    """The parser's hook for each JSON object: an :class:`_Entry` for what looks like a file
+    entry (path, size and key, perhaps sent, nothing else, once each), else the dict."""
+    if 3 <= len(pairs) <= 4:
+        found = dict(pairs)
+        if len(found) == len(pairs) and found.keys() >= {"path", "size", "key"} and found.keys() <= {*_ENTRY_FIELDS}:
+            return _Entry(found.get(name, _ABSENT) for name in _ENTRY_FIELDS)
+    return dict(pairs)
+
+
+def _as_plain(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` (the properties) with every :class:`_Entry` in it a dict again, as its
+    JSON said: walked with a stack, not recursion, in place."""
+    stack: list[dict[Any, Any] | list[Any]] = [document]
+    while stack:
+        container = stack.pop()
+        slots: dict[Any, Any] = container if isinstance(container, dict) else dict(enumerate(container))
+        for slot, value in slots.items():
+            if isinstance(value, _Entry):
+                container[slot] = value.as_dict()
+            elif isinstance(value, dict | list):
+                stack.append(value)
+    return document
+
+
 def _file_entry(task: str, raw: object) -> FileEntry:
-    if not isinstance(raw, dict):
+    if isinstance(raw, _Entry):
+        path, size, key, sent = raw
+        sent = False if sent is _ABSENT else sent
+    elif isinstance(raw, dict):
+        path, size, key, sent = raw.get("path"), raw.get("size"), raw.get("key"), raw.get("sent", False)
+    else:
         raise InvalidArgument(f"task {task}: a file entry is a JSON object")
-    path, size, key, sent = raw.get("path"), raw.get("size"), raw.get("key"), raw.get("sent", False)
     if not isinstance(path, str) or (path and not _safe_relative(path)):
         raise InvalidArgument(f"task {task}: {path!r} is not a relative path inside the task's state")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < 1 << 63:
@@ -207,12 +259,15 @@ def _safe_relative(path: str) -> bool:
 
 
 def _check_no_nesting(task: str, paths: list[str]) -> None:
-    """No file's path is another's directory (``a`` and ``a/b``): a restore could not make both."""
-    files = set(paths)
-    for path in paths:
-        for parent in PurePosixPath(path).parents:
-            if str(parent) in files:
-                raise InvalidArgument(f"task {task}: {str(parent)!r} is both a file and a directory")
+    """No file's path is another's directory (``a`` and ``a/b``): a restore could not make both.
+
+    Linear in the paths' bytes (and a sort), whatever their depth: with ``/`` ordered before
+    every other character (paths hold no NUL), a path's descendants sort right after it, so
+    each path needs comparing with its successor only."""
+    ordered = sorted(path.replace("/", "\x00") for path in paths)
+    for path, successor in itertools.pairwise(ordered):
+        if successor.startswith(path + "\x00"):
+            raise InvalidArgument(f"task {task}: {path.replace(chr(0), '/')!r} is both a file and a directory")
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,14 +310,22 @@ class Metadata:
         return sum(handle.size for handle in self.tasks.values())
 
 
-def parse_metadata(raw: bytes | bytearray) -> Metadata:
-    """Metadata from its blob's bytes, every field checked (:class:`InvalidArgument`)."""
+def parse_metadata(raw: bytes | bytearray | str) -> Metadata:
+    """Metadata from its blob's bytes (or their text), every field checked (:class:`InvalidArgument`)."""
     if len(raw) > MAX_METADATA_BYTES:
         raise InvalidArgument(f"checkpoint metadata of {len(raw)} bytes is over the limit of {MAX_METADATA_BYTES}")
     try:
-        document = json.loads(bytes(raw).decode("utf-8"))
+        text = raw if isinstance(raw, str) else raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument("checkpoint metadata is not UTF-8 JSON") from None
+    values = text.count("{") + text.count("[") + text.count(",")
+    if values > MAX_METADATA_VALUES:
+        raise InvalidArgument(f"checkpoint metadata holds more than {MAX_METADATA_VALUES} JSON values")
+    try:
+        document = json.loads(text, object_pairs_hook=_compact)
     except (ValueError, RecursionError):
         raise InvalidArgument("checkpoint metadata is not UTF-8 JSON") from None
+    del text  # the caller's copy aside, the parsed document is all that stays
     if not isinstance(document, dict) or document.get("format") != METADATA_FORMAT:
         raise InvalidArgument(f"checkpoint metadata is not a JSON object of format {METADATA_FORMAT}")
     checkpoint_id, timestamp = document.get("id"), document.get("timestamp")
@@ -284,4 +347,4 @@ def parse_metadata(raw: bytes | bytearray) -> Metadata:
     if sum(len(handle.files) for handle in tasks.values()) > MAX_FILES:
         raise InvalidArgument(f"checkpoint metadata lists more than {MAX_FILES} files")
     pipeline = check_pipeline(document.get("pipeline"))
-    return Metadata(pipeline, checkpoint_id, float(timestamp), savepoint, properties, tasks)
+    return Metadata(pipeline, checkpoint_id, float(timestamp), savepoint, _as_plain(properties), tasks)
