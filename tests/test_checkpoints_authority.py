@@ -242,7 +242,7 @@ def test_metadata_over_the_cap_is_refused_from_its_size(client: BlobClient, monk
     key = put_metadata(client, checkpoint_id)
     monkeypatch.setattr(metadata_module, "MAX_METADATA_BYTES", 100)
     read: list[int] = []
-    monkeypatch.setattr(metadata_module, "_read_checked", lambda *args: read.append(1))
+    monkeypatch.setattr(metadata_module, "_read", lambda *args: read.append(1))
     with pytest.raises(BadRequest, match="over the limit of 100"):
         complete(client, epoch, checkpoint_id, key)
     assert read == []
@@ -361,3 +361,61 @@ def test_metadata_is_parsed_off_the_event_loop_one_at_a_time(
         thread.join(30)
     assert seen == [(False, 1), (False, 1)]
     assert completed_ids(client, "left") == [work[0][2]] and completed_ids(client, "right") == [work[1][2]]
+
+
+def test_a_checkpoint_triggered_under_another_epoch_is_fenced(
+    client: BlobClient, server_thread: ServerThread, settings: Settings
+) -> None:
+    """A registration whose server died before it forgot the older coordinator's pending
+    checkpoints (written here straight into the records): the new writer cannot complete them."""
+    old = request(client, "register")["epoch"]
+    checkpoint_id = request(client, "trigger", epoch=old, timeout=30)["id"]
+    new = FileCheckpointRecords(Path(settings.data_dir) / "checkpoints").register("pipe")
+    with pytest.raises(Fenced, match="triggered by another coordinator"):
+        complete(client, new, checkpoint_id, put_metadata(client, checkpoint_id))
+
+
+def test_a_completion_retried_with_its_metadata_answers_its_record_and_nothing_else_does(client: BlobClient) -> None:
+    epoch = request(client, "register")["epoch"]
+    checkpoint_id = request(client, "trigger", epoch=epoch, timeout=30)["id"]
+    key = put_metadata(client, checkpoint_id)
+    first = complete(client, epoch, checkpoint_id, key)
+    assert complete(client, epoch, checkpoint_id, key)["record"] == first["record"]  # an answer lost, retried
+    with pytest.raises(NotFound, match="no pending checkpoint"):
+        complete(client, epoch, checkpoint_id, "0" * 64)
+
+
+def test_the_clock_never_waits_for_a_pipelines_request_under_way(
+    client: BlobClient, server_thread: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A completion that holds its pipeline for seconds (its parse made slow here) does not hold
+    up the deadline of another pipeline, which the clock visits after it."""
+    checkpoints = server_thread.server.checkpoints
+    slow = "a-slow"
+    quick = next(f"b-quick-{n}" for n in range(100) if checkpoints._lock(f"b-quick-{n}") is not checkpoints._lock(slow))
+    parsing, parsed = threading.Event(), threading.Event()
+
+    def slowly(raw: bytes) -> wire.Metadata:
+        parsing.set()
+        time.sleep(4)
+        parsed.set()
+        return parse_metadata(raw)
+
+    epoch = request(client, "register", slow)["epoch"]
+    checkpoint_id = request(client, "trigger", slow, epoch=epoch, timeout=60)["id"]
+    key = put_metadata(client, checkpoint_id, slow)
+    request(client, "trigger", quick, epoch=request(client, "register", quick)["epoch"], timeout=0.2)
+    monkeypatch.setattr(metadata_module, "parse_metadata", slowly)
+
+    def run() -> None:
+        with BlobClient(server_thread.address, retries=0) as own:
+            complete(own, epoch, checkpoint_id, key, slow)
+
+    completing = threading.Thread(target=run)
+    completing.start()
+    assert parsing.wait(10)
+    while client.status()["checkpoints_aborted"] == 0:
+        assert completing.is_alive()
+        time.sleep(0.05)
+    assert not parsed.is_set(), "the clock waited for the slow pipeline's completion"
+    completing.join(30)

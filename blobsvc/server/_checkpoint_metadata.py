@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import blake3
 
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MetadataReader"]
 
+_T = TypeVar("_T")
+
 
 class _Server(Protocol):
     @property
@@ -53,11 +57,16 @@ class MetadataReader:
         # The state keys of records' metadata, by (pipeline, id, metadata key): a blob's content
         # never changes under its key, so what it references never does either.
         self._keys: dict[tuple[str, int, str], frozenset[bytes]] = {}
-        self._parsing = asyncio.Lock()
+        # One thread of its own reads, parses and checks metadata, one blob at a time: what
+        # parsing costs in memory is bounded by one maximum-size blob, however many clients
+        # complete at once; and the memory a parse frees goes back to that thread's allocator
+        # arena, where the next parse finds it, rather than to whichever of the default
+        # pool's threads ran it (each would keep its own).
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsvc-metadata")
 
-    async def read_text(self, pipeline: str, checkpoint_id: int, key: str) -> tuple[str, int]:
-        """The blob ``meta/<id>`` as text, and its size: its size checked before it is read and its bytes
-        against ``key``; only the text outlives the worker thread that reads it."""
+    async def _open(self, pipeline: str, checkpoint_id: int, key: str, work: Callable[..., _T]) -> tuple[_T, int]:
+        """``work(fd, size, key, checkpoint_id)`` on the blob ``meta/<id>`` in the metadata
+        thread, and the blob's size, checked before a byte of it is read."""
         target = JobBlob(pipeline_job(pipeline), metadata_name(checkpoint_id))
         try:
             blob = await self.server.open_blob(target)
@@ -69,25 +78,22 @@ class MetadataReader:
                     f"checkpoint {checkpoint_id}'s metadata is {blob.size} bytes, "
                     f"over the limit of {MAX_METADATA_BYTES}"
                 )
-            text = await asyncio.to_thread(_read_checked, blob.fd, blob.size, key)
-        if text is None:
-            raise DigestMismatch(
-                f"checkpoint {checkpoint_id}'s metadata blob is damaged: its bytes do not hash to {key}"
-            )
-        if isinstance(text, UnicodeDecodeError):
-            raise BadRequest(f"checkpoint {checkpoint_id}'s metadata: checkpoint metadata is not UTF-8 JSON")
-        return text, blob.size
+            return await self._run(work, blob.fd, blob.size, key, checkpoint_id), blob.size
 
     async def read(self, pipeline: str, checkpoint_id: int, key: str) -> tuple[Metadata, int]:
-        """The metadata and its size, parsed in a worker thread (:class:`BadRequest` when it is
-        not valid), one at a time on this server: what parsing costs in memory is bounded by
-        one maximum-size blob, however many clients complete at once."""
-        async with self._parsing:
-            text, size = await self.read_text(pipeline, checkpoint_id, key)
-            try:
-                return await asyncio.to_thread(parse_metadata, text), size
-            except InvalidArgument as exc:
-                raise BadRequest(f"checkpoint {checkpoint_id}'s metadata: {exc}") from None
+        """The metadata and its size, checked and parsed in the metadata thread
+        (:class:`BadRequest` when it is not valid)."""
+        return await self._open(pipeline, checkpoint_id, key, _read_parsed)
+
+    async def _run(self, work: Callable[..., _T], *args: Any) -> _T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, work, *args)
+        except RuntimeError:  # closed: the server is stopping, and any thread does for what is left
+            return await asyncio.to_thread(work, *args)
+
+    def close(self) -> None:
+        """Let the metadata thread end once its work is done."""
+        self._thread.shutdown(wait=False)
 
     def remember(self, pipeline: str, record: Record, metadata: Metadata) -> None:
         """Keep what ``record``'s metadata references: call once the record is added."""
@@ -106,7 +112,7 @@ class MetadataReader:
         """Check ``record``'s metadata blob is there and intact: re-hashed when it was parsed
         intact before, else read in full (:meth:`keys`)."""
         if (pipeline, record["id"], record["metadata"]) in self._keys:
-            await self.read_text(pipeline, record["id"], record["metadata"])
+            await self._open(pipeline, record["id"], record["metadata"], _read)
         else:
             await self.keys(pipeline, record)
 
@@ -119,7 +125,7 @@ class MetadataReader:
         job = pipeline_job(pipeline)
         entries = [(task, entry) for task, handle in metadata.tasks.items() for entry in handle.files]
         # Every name stat-ed in one worker thread: a thread hop per file would cost more than the stat.
-        for index in await asyncio.to_thread(self._check_local, job, entries, metadata.checkpoint_id):
+        for index in await self._run(self._check_local, job, entries, metadata.checkpoint_id):
             task, entry = entries[index]  # a new leader that has not fetched it yet
             try:
                 with await self.server.open_blob(JobBlob(job, state_name(bytes.fromhex(entry.key)))) as blob:
@@ -151,12 +157,18 @@ def _check_entry(checkpoint_id: int, task: str, entry: FileEntry, size: int, dig
         )
 
 
-def _read_checked(fd: int, size: int, key: str) -> str | UnicodeDecodeError | None:
-    """The ``size`` bytes at ``fd`` as text; None unless they are all there and hash to ``key``."""
+def _read(fd: int, size: int, key: str, checkpoint_id: int) -> bytes:
+    """The ``size`` bytes at ``fd``, all there and hashing to ``key`` (else :class:`DigestMismatch`)."""
     raw = os.pread(fd, size, 0)
     if len(raw) != size or blake3.blake3(raw).hexdigest() != key:
-        return None
+        raise DigestMismatch(f"checkpoint {checkpoint_id}'s metadata blob is damaged: its bytes do not hash to {key}")
+    return raw
+
+
+def _read_parsed(fd: int, size: int, key: str, checkpoint_id: int) -> Metadata:
+    """:func:`_read`, parsed: the bytes go to the parser with no other reference, which drops
+    them and their text as soon as it can (only the parsed metadata stays)."""
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return exc
+        return parse_metadata(_read(fd, size, key, checkpoint_id))
+    except InvalidArgument as exc:
+        raise BadRequest(f"checkpoint {checkpoint_id}'s metadata: {exc}") from None

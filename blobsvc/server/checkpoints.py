@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import os
@@ -144,6 +143,7 @@ class Checkpoints:
         # listed, and every one triggered since; the clock looks at these only.
         self._pending_pipelines: set[str] = set()
         self._ticking: asyncio.Task[None] | None = None
+        self._undiscarded: set[str] = set()  # pipelines whose expired checkpoints or holds kept state
         self.counts: collections.Counter[str] = collections.Counter()
         self.damaged: dict[tuple[str, int], str] = {}
         self.last_completed: tuple[str, int, float] | None = None
@@ -165,26 +165,37 @@ class Checkpoints:
                 except BlobError as exc:  # ZooKeeper away: the next listing finds them
                     log.debug("checkpoints: pipelines not listed: %s", exc)
             await asyncio.sleep(TICK_SECONDS)
-            await self.tick()
+            try:
+                await self.tick()
+            except Exception as exc:  # the clock goes on: the next tick does what this one could not
+                log.warning("checkpoints: a tick of the clock failed: %s: %s", type(exc).__name__, exc)
 
     async def tick(self) -> None:
         """Abort every pending checkpoint past its deadline and drop expired holds, for every
-        pipeline; discard what they kept."""
-        touched = set(self._holds.expire())
+        pipeline; discard what they kept. A pipeline whose request is under way waits for the
+        next tick: that request checks the deadlines itself, and the clock never waits on it."""
+        self._undiscarded.update(self._holds.expire())
         for pipeline in sorted(self._pending_pipelines):
+            if self._lock(pipeline).locked():
+                continue
             async with self._lock(pipeline):
                 try:
                     pending = await self._records_call(self.records.pending, pipeline)
                     if not pending:
                         self._pending_pipelines.discard(pipeline)
                     elif len(await self._live_pending(pipeline)) < len(pending):
-                        touched.add(pipeline)
+                        self._undiscarded.add(pipeline)
                 except BlobError as exc:  # not the leader (any more): its successor's clock ticks
                     log.debug("pipeline %s: deadlines not checked: %s", pipeline, exc)
-        for pipeline in sorted(touched):
+        for pipeline in sorted(self._undiscarded):
+            if self._lock(pipeline).locked():
+                continue
             async with self._lock(pipeline):
-                with contextlib.suppress(BlobError):
+                self._undiscarded.discard(pipeline)
+                try:
                     await self._discard(pipeline)
+                except BlobError as exc:  # the pipeline's next completion or abort discards
+                    log.debug("pipeline %s: not discarded: %s", pipeline, exc)
 
     @property
     def records(self) -> CheckpointRecords:
@@ -357,6 +368,7 @@ class Checkpoints:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+        self.metadata.close()
 
     async def _subsume(self, pipeline: str, epoch: int, retain: int) -> list[int]:
         """Remove the oldest checkpoints beyond ``retain`` (savepoints never), as the writer."""

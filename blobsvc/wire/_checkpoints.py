@@ -318,6 +318,7 @@ def parse_metadata(raw: bytes | bytearray | str) -> Metadata:
         text = raw if isinstance(raw, str) else raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidArgument("checkpoint metadata is not UTF-8 JSON") from None
+    del raw  # a caller that kept no reference of its own frees the bytes here, and the text below
     values = text.count("{") + text.count("[") + text.count(",")
     if values > MAX_METADATA_VALUES:
         raise InvalidArgument(f"checkpoint metadata holds more than {MAX_METADATA_VALUES} JSON values")
@@ -325,7 +326,7 @@ def parse_metadata(raw: bytes | bytearray | str) -> Metadata:
         document = json.loads(text, object_pairs_hook=_compact)
     except (ValueError, RecursionError):
         raise InvalidArgument("checkpoint metadata is not UTF-8 JSON") from None
-    del text  # the caller's copy aside, the parsed document is all that stays
+    del text
     if not isinstance(document, dict) or document.get("format") != METADATA_FORMAT:
         raise InvalidArgument(f"checkpoint metadata is not a JSON object of format {METADATA_FORMAT}")
     checkpoint_id, timestamp = document.get("id"), document.get("timestamp")
