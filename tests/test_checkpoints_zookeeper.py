@@ -4,6 +4,7 @@ that never goes back, and a replaced coordinator (a separate process, SIGSTOPped
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -18,9 +19,11 @@ from kazoo.client import KazooClient
 from benchmarks.harness.zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 from blobsvc import BlobClient
 from blobsvc._exceptions import NotFound, NotLeader
-from blobsvc.checkpoints import CheckpointStore, Fenced
+from blobsvc.checkpoints import CheckpointStore, Fenced, _snapshot
+from blobsvc.files import _stamps
 from blobsvc.ha.checkpoints import ZooKeeperCheckpointRecords
 from blobsvc.ha.discovery import ZkPaths
+from blobsvc.wire._ids import hash_file
 
 from .test_checkpoints_authority import complete, put_metadata, request
 
@@ -202,6 +205,48 @@ def test_a_leader_killed_at_each_point_of_a_completion_hands_it_to_the_next_lead
         with store.begin(tasks=["0"]) as third:
             third.acknowledge("0", store.snapshot("0", b"third"))
         assert third.id > second.id and [c.id for c in store.list()] == [third.id]
+
+
+def test_an_incremental_checkpoint_reads_sends_and_stores_only_what_changed(
+    zookeeper: ZooKeeper, servers: list[HaServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a directory HA store: unchanged files are neither read (their stamps), nor sent, nor
+    written into the store again (the leader's own name records stand)."""
+    monkeypatch.setattr(_stamps, "RACY_SECONDS", 0.2)
+    url = f"zk://{zookeeper.hosts}/ckstamps"
+    servers.append(HaServer(zookeeper.hosts, tmp_path / "ha", tmp_path / "a", cluster_id="ckstamps"))
+    wait_for_leader(url)
+    state = tmp_path / "state"
+    state.mkdir()
+    files = {f"{i:06d}.sst": os.urandom(50_000) for i in range(4)}
+    for name, data in files.items():
+        (state / name).write_bytes(data)
+    time.sleep(0.3)  # older than the racy window
+    read: list[str] = []
+
+    def counted(path: Path) -> bytes:
+        read.append(path.name)
+        return hash_file(path)
+
+    monkeypatch.setattr(_snapshot, "hash_file", counted)
+    with CheckpointStore(_client(url), "pipe", retain=2, timeout=60) as store:
+        with store.begin(["0"]) as pending:
+            pending.acknowledge("0", store.snapshot("0", state))
+        records = {p.relative_to(tmp_path) for p in (tmp_path / "ha").rglob("names/*/*/*")}
+        sent = store.client.status()["checkpoints_state_bytes_sent"]
+        read.clear()
+        (state / "000002.sst").write_bytes(os.urandom(60_000))
+        with store.begin(["0"]) as pending:
+            handle = store.snapshot("0", state)
+            pending.acknowledge("0", handle)
+        assert read == ["000002.sst"] and handle.bytes_sent == 60_000
+        assert store.client.status()["checkpoints_state_bytes_sent"] - sent == 60_000
+        after = {p.relative_to(tmp_path) for p in (tmp_path / "ha").rglob("names/*/*/*")}
+        assert records < after and len(after - records) == 2, "one record for the new file, one for the metadata"
+        latest = store.latest()
+        assert latest is not None and latest.id == pending.id
+        restored = latest.restore("0", tmp_path / "restored")
+        assert {p.name: p.read_bytes() for p in restored.iterdir()} == {p.name: p.read_bytes() for p in state.iterdir()}
 
 
 def test_the_leader_decides_each_checkpoints_life_from_its_zookeeper_records(

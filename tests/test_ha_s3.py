@@ -30,6 +30,8 @@ import s3fs
 from benchmarks.harness.s3 import MotoServer, s3
 from benchmarks.harness.zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 from blobsvc import BlobCache, BlobClient, InternalError, new_job_id
+from blobsvc.checkpoints import CheckpointStore
+from blobsvc.files import _stamps
 from blobsvc.ha.store import object_path, open_blob_store
 from blobsvc.wire._protocol import JobBlob
 
@@ -322,3 +324,34 @@ def test_eight_hosts_fill_a_64_mib_blob_from_the_store_and_the_server_sends_unde
     assert sent < MiB
     with _client(leader.address) as client:
         assert client.status()["requests"].get("GET", 0) == 0  # names and sizes only: STATUS, STAT
+
+
+def test_an_incremental_checkpoint_on_s3_stores_only_what_changed_and_restores_from_the_bucket(
+    zookeeper: ZooKeeper, servers: list[HaServer], bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unchanged state files are neither read (their stamps) nor written into the bucket
+    again; a restore through the host's cache reads the bucket, verified, not the leader."""
+    monkeypatch.setattr(_stamps, "RACY_SECONDS", 0.2)
+    leader = _leader(servers, zookeeper, f"{bucket}/ha", tmp_path / "a", "ck-s3", extra=("--metrics-port", "0"))
+    names = f"{bucket.removeprefix('s3://')}/ha/ck-s3/names"
+    state = tmp_path / "state"
+    state.mkdir()
+    for i in range(4):
+        (state / f"{i:06d}.sst").write_bytes(os.urandom(100_000))
+    time.sleep(0.3)  # older than the racy window
+    with BlobCache(leader.address, tmp_path / "cache") as cache:
+        with CheckpointStore(_client(leader.address), "pipe", retain=2, timeout=60, cache=cache) as store:
+            with store.begin(["0"]) as pending:
+                pending.acknowledge("0", store.snapshot("0", state))
+            records = set(s3().find(names))
+            (state / "000001.sst").write_bytes(os.urandom(100_000))
+            with store.begin(["0"]) as pending:
+                handle = store.snapshot("0", state)
+                pending.acknowledge("0", handle)
+            assert handle.bytes_sent == 100_000
+            after = set(s3().find(names, refresh=True))
+            assert records < after and len(after - records) == 2, "one record for the new file, one for the metadata"
+            restored = store.restore(pending.id, handle, tmp_path / "restored")
+        assert {p.name: p.read_bytes() for p in restored.iterdir()} == {p.name: p.read_bytes() for p in state.iterdir()}
+        assert cache.stats().bytes_from_store >= 400_000
+    assert _sent_bytes(leader.address) < 400_000, "the state came from the bucket"

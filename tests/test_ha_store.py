@@ -222,9 +222,51 @@ def test_a_crashed_name_record_write_leaves_no_debris_past_the_next_write(tmp_pa
     debris = tmp_path / "ha" / "names" / JOB.hex() / _name_hash("first") / ".tmp-0123456789abcdef"
     debris.write_bytes(f"{key.hex()}\n0\nnever acknowledged".encode())
     assert sorted(store.names(JOB)) == ["first"]
-    store.put(path, key, JobBlob(JOB, "first"))
+    other, other_key = _source(tmp_path, b"named again")
+    store.put(other, other_key, JobBlob(JOB, "first"))  # the same key again would write no record
     assert not debris.exists()
     assert sorted(store.names(JOB)) == ["first"]
+
+
+def test_a_name_written_again_with_its_key_writes_nothing_new(
+    store: FileSystemBlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint LINKs every unchanged state file again: the leader's own record stands."""
+    path, key = _source(tmp_path, b"state")
+    store.put(path, key, JobBlob(JOB, "state"), epoch=3)
+    written: list[str] = []
+
+    def recorded(found: Any) -> Any:
+        def write(path: str, *args: Any, **options: Any) -> Any:
+            written.append(path)
+            return found(path, *args, **options)
+
+        return write
+
+    for method in ("write_file", "write_bytes", "create_bytes", "remove"):
+        monkeypatch.setattr(store.files, method, recorded(getattr(store.files, method)))
+    store.put(path, key, JobBlob(JOB, "state"), epoch=3)
+    assert written == []
+    store.put(path, key, JobBlob(JOB, "state"), epoch=4)  # a new leader writes its own record
+    assert [p.rsplit("/", 1)[-1] for p in written if p.startswith("names/")][:1] == [f"{4:016x}-{0:016x}"]
+    assert len(records(store, "state")) == 1 and _fetch(store, JobBlob(JOB, "state")) == (key, b"state")
+    written.clear()
+    store.put(path, key, JobBlob(JOB, "keeps the first key's object"), epoch=4)
+    (tmp_path / "other").write_bytes(b"other")
+    other_key = blake3.blake3(b"other").digest()
+    store.put(tmp_path / "other", other_key, JobBlob(JOB, "state"), epoch=4)
+    # The first key's ref, as a crash after the new record and before its removal leaves it.
+    store.files.write_bytes(f"objects/{key.hex()[:2]}/{key.hex()}/{JOB.hex()}-{_name_hash('state')}", b"")
+    store.put(path, key, JobBlob(JOB, "state"), epoch=4)  # back to the first key: a record again
+    assert _fetch(store, JobBlob(JOB, "state")) == (key, b"state")
+
+
+def test_a_name_whose_object_went_is_written_again_in_full(store: FileSystemBlobStore, tmp_path: Path) -> None:
+    path, key = _source(tmp_path, b"state")
+    store.put(path, key, JobBlob(JOB, "state"), epoch=3)
+    store.files.remove(f"objects/{key.hex()[:2]}/{key.hex()}/data")  # as a damaged copy is moved aside
+    store.put(path, key, JobBlob(JOB, "state"), epoch=3)
+    assert _fetch(store, JobBlob(JOB, "state")) == (key, b"state")
 
 
 def test_fetching_into_local_storage_publishes_a_verified_blob(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from blobsvc.driver import _digests
 from blobsvc.driver._digests import file_digest
+from blobsvc.files import _stamps
 
 
 def aged(path: Path, data: bytes) -> Path:
@@ -18,13 +19,13 @@ def aged(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     past = time.time() - 60
     os.utime(path, (past, past))
-    time.sleep(_digests.RACY_SECONDS + 0.1)  # ctime, which utime cannot move back, ages too
+    time.sleep(_stamps.RACY_SECONDS + 0.1)  # ctime, which utime cannot move back, ages too
     return path
 
 
 @pytest.fixture(autouse=True)
 def short_racy_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_digests, "RACY_SECONDS", 0.2)
+    monkeypatch.setattr(_stamps, "RACY_SECONDS", 0.2)
 
 
 def test_an_unchanged_file_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,6 +31,7 @@ from benchmarks.harness.agent import AgentProcess, run_agent
 from benchmarks.harness.spark import ANSWER, MASTER, PROBE, probe_wheel, start_session
 from blobsvc import BlobClient, InvalidArgument, Settings
 from blobsvc.driver import _contents, _digests
+from blobsvc.files import _stamps
 from blobsvc.spark import environment
 
 from .conftest import ServerThread, with_secret
@@ -143,7 +144,7 @@ def test_unpacked_by_spark_a_conf_gets_the_archives_url_on_the_agent_and_the_pyt
 def test_an_archive_the_server_holds_is_neither_read_nor_sent_again(
     server_thread: ServerThread, archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_digests, "RACY_SECONDS", 0.0)  # the archive was just written
+    monkeypatch.setattr(_stamps, "RACY_SECONDS", 0.0)  # the archive was just written
     environment(blobsvc_conf(server_thread, tmp_path), archive, agent=AGENT)
     puts = server_thread.server.requests["PUT"]
     monkeypatch.setattr(_digests, "hash_file", lambda path: pytest.fail("read again"))

@@ -14,6 +14,7 @@ completed ones (and every savepoint) and discards state no retained checkpoint r
 * ``_completed``: :class:`CompletedCheckpoint`, what a restore reads;
 * ``_failures``: :class:`CheckpointFailureManager`, tolerable failures in a row;
 * ``_snapshot``: a task's state stored as content blobs, unchanged files sending no bytes;
+* ``_stamps``: a task's memory of its files' stamps, so that unchanged files are not read;
 * ``_restore``: a task's state written back, verified, whole or not at all.
 
 State handles (:class:`TaskHandle`) and the metadata format are shared with the server

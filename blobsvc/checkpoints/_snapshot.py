@@ -1,17 +1,20 @@
 """Snapshot: a task's state (a directory, a file or bytes) stored as content blobs.
 
-Each file is hashed here and LINKed as ``state/<key>`` of the pipeline's job; only when the
-server lacks the content are its bytes sent, PUT straight under that name (no
+Each file's key is found here and the file LINKed as ``state/<key>`` of the pipeline's job;
+only when the server lacks the content are its bytes sent, PUT straight under that name (no
 content-addressed copy outlives it: once the name is discarded, the server frees the bytes).
-A file unchanged since an earlier checkpoint therefore costs a hash and a LINK, 0 bytes
-sent: checkpoints are incremental without tracking what changed. The handle returned lists
-every file with its key and size, and whether its bytes were sent (the server's
+The key of a file whose stamp is the one the last snapshot recorded comes from the memory
+beside the state (:mod:`._stamps`), unread; any other file is hashed (BLAKE3 on all cores).
+A file unchanged since an earlier checkpoint therefore costs a ``stat`` and a LINK, 0 bytes
+read or sent: a checkpoint's cost grows with what changed. The handle returned lists every
+file with its key and size, and whether its bytes were sent (the server's
 ``checkpoints_state_bytes_sent``).
 
 Symbolic links, devices and sockets in a directory are refused (a restore could not make
 them faithfully, and a link could lead out of the state); empty directories are not kept.
-The state must not change while it is snapshotted: a file that changes between its hash
-and its upload is refused by the server's digest check.
+The state must not change while it is snapshotted: a file whose stamp moved while it was
+hashed is refused (:class:`InvalidArgument`), and one that changes between its hash and its
+upload is refused by the server's digest check.
 """
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 import blake3
 
 from .._exceptions import InvalidArgument, NotFound
 from ..client import BlobClient
+from ..files._stamps import stamp
 from ..wire._checkpoints import MAX_FILES, FileEntry, Task, TaskHandle, check_task, pipeline_job, state_name
 from ..wire._ids import hash_file
+from ._stamps import StampMemory
 
 __all__ = ["SNAPSHOT_THREADS", "snapshot"]
 
@@ -37,9 +43,18 @@ SNAPSHOT_THREADS = 8
 StateSource = str | os.PathLike[str] | bytes | bytearray | memoryview
 
 
-def snapshot(client: BlobClient, pipeline: str, task: Task, source: StateSource) -> TaskHandle:
+def snapshot(
+    client: BlobClient,
+    pipeline: str,
+    task: Task,
+    source: StateSource,
+    *,
+    immutable: Sequence[str] = (),
+    stamps: bool = True,
+) -> TaskHandle:
     """Store ``source`` as ``task``'s state for a checkpoint of ``pipeline``; the handle to
-    acknowledge it with."""
+    acknowledge it with. With ``stamps``, the files' stamps are remembered beside the state;
+    files named by a pattern of ``immutable`` never change once written."""
     task = check_task(task)
     job = pipeline_job(pipeline)
     if isinstance(source, bytes | bytearray | memoryview):
@@ -48,14 +63,19 @@ def snapshot(client: BlobClient, pipeline: str, task: Task, source: StateSource)
         return TaskHandle(task, "bytes", (FileEntry("", len(data), key.hex(), _store(client, job, key, data)),))
     path = Path(source)
     info = _lstat(path)
-    if stat.S_ISREG(info.st_mode):
-        return TaskHandle(task, "file", (_store_file(client, job, path, ""),))
-    if not stat.S_ISDIR(info.st_mode):
+    if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
         raise InvalidArgument(f"{path} is neither a directory nor a regular file: it cannot be snapshotted")
-    files = _files_under(path)
-    with concurrent.futures.ThreadPoolExecutor(SNAPSHOT_THREADS, thread_name_prefix="blobsvc-snapshot") as pool:
-        entries = list(pool.map(lambda relative: _store_file(client, job, path / relative, relative), files))
-    return TaskHandle(task, "directory", tuple(entries))
+    memory = StampMemory.beside(path, immutable) if stamps else None
+    if stat.S_ISREG(info.st_mode):
+        handle = TaskHandle(task, "file", (_store_file(client, job, memory, path, ""),))
+    else:
+        files = _files_under(path)
+        with concurrent.futures.ThreadPoolExecutor(SNAPSHOT_THREADS, thread_name_prefix="blobsvc-snapshot") as pool:
+            entries = pool.map(lambda relative: _store_file(client, job, memory, path / relative, relative), files)
+            handle = TaskHandle(task, "directory", tuple(entries))
+    if memory is not None:
+        memory.save()
+    return handle
 
 
 def _lstat(path: Path) -> os.stat_result:
@@ -86,10 +106,16 @@ def _files_under(root: Path) -> list[str]:
     return sorted(found)
 
 
-def _store_file(client: BlobClient, job: bytes, path: Path, relative: str) -> FileEntry:
-    size = path.stat().st_size
-    key = hash_file(path)
-    return FileEntry(relative, size, key.hex(), _store(client, job, key, path))
+def _store_file(client: BlobClient, job: bytes, memory: StampMemory | None, path: Path, relative: str) -> FileEntry:
+    before = path.stat()
+    key = memory.known(relative, before) if memory is not None else None
+    if key is None:
+        key = hash_file(path)
+        if stamp(path.stat()) != stamp(before):
+            raise InvalidArgument(f"{path} changed while it was snapshotted: state must hold still during a snapshot")
+        if memory is not None:
+            memory.remember(relative, before, key)
+    return FileEntry(relative, before.st_size, key.hex(), _store(client, job, key, path))
 
 
 def _store(client: BlobClient, job: bytes, key: bytes, source: bytes | Path) -> bool:

@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -112,10 +112,15 @@ class CheckpointStore:
                 )
         return self.coordinator.trigger(tasks, properties, savepoint=savepoint, timeout=timeout)
 
-    def snapshot(self, task: Task, source: StateSource) -> TaskHandle:
+    def snapshot(
+        self, task: Task, source: StateSource, *, immutable: Sequence[str] = (), stamps: bool = True
+    ) -> TaskHandle:
         """Store ``task``'s state (a directory, a file, or bytes) and return its handle, for
-        ``pending.acknowledge(task, handle)``. Unchanged files send no bytes."""
-        return snapshot(self.client, self.pipeline, task, source)
+        ``pending.acknowledge(task, handle)``. Unchanged files send no bytes and, with
+        ``stamps`` (a memory of the files' stamps kept beside the state), are not read;
+        files whose names match a pattern of ``immutable`` (``"*.sst"``) never change once
+        written."""
+        return snapshot(self.client, self.pipeline, task, source, immutable=immutable, stamps=stamps)
 
     def records(self) -> list[dict[str, Any]]:
         """The server's records of the completed checkpoints, oldest first; one whose

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._exceptions import InvalidArgument
-from ._digests import save_record
+from ..files._stamps import save_record
 
 __all__ = ["ARROW_MODULES", "PYTHON", "Contents", "arrow_warning", "checked_contents"]
 

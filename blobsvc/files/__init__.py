@@ -7,6 +7,8 @@ server's storage to write a file.
 * ``_writeback``: bytes and names to disk: a directory's fsync, a file's writeback started early;
 * ``_pages``: fresh memory for a download into memory, and its page faults taken ahead;
 * ``_locks``: directories made durably, and one lock per name;
+* ``_stamps``: a file's stamp (device, inode, size, mtime, ctime), and when it may stand for
+  the content (git's "racily clean" rule);
 * ``_layout``: where things live in a data directory, and how blob names become file names
   (a cache directory names its blobs the same way).
 

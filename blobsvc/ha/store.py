@@ -24,20 +24,23 @@ never a write), which is why an object appears only complete under its final nam
 store can promise it (a rename; an S3 PUT), and why readers verify what they read anyway.
 
 Writes go object, then ref, then name record, and deletes the other way round, so a crash
-between steps leaves an unreferenced object or ref (space, never a dangling name). An
+between steps leaves an unreferenced object or ref (space, never a dangling name). A write
+of a name the writer's own newest record already gives that key, its ref and whole object
+there, writes nothing (it reads the record, the ref's and the object's sizes). An
 object goes when its last ref does. A key's bytes and refs share a directory so that one
 directory fsync makes a new object and its first ref durable together.
 
 **Name records never go back in time.** A name record is never overwritten, as Flink's
 ZooKeeperCompletedCheckpointStore never overwrites a completed checkpoint: each write of a
-name creates a new record, ordered by its file name (the writer's epoch, then a sequence
-within it), with an exclusive create (a link of a synced temporary file in a directory,
-``If-None-Match`` where fsspec offers ``mode="create"``, as S3 does). A reader takes the
-newest valid record; older ones are removed only once a newer one is durable (oldest first
-when a name is deleted, so a crash never leaves an older version as the newest). A leader
-refuses to write under a name whose newest record has a newer epoch, but that check is only
-a courtesy: a deposed leader paused between it and its write adds a record that orders
-below the newer leader's, and is never read.
+name creates a new record (unless the writer's own newest record says the same, above),
+ordered by its file name (the writer's epoch, then a sequence within it), with an exclusive
+create (a link of a synced temporary file in a directory, ``If-None-Match`` where fsspec
+offers ``mode="create"``, as S3 does). A reader takes the newest valid record; older ones
+are removed only once a newer one is durable (oldest first when a name is deleted, so a
+crash never leaves an older version as the newest). A leader refuses to write under a name
+whose newest record has a newer epoch, but that check is only a courtesy: a deposed leader
+paused between it and its write adds a record that orders below the newer leader's, and is
+never read.
 
 Durability: a local directory (a path, or a ``file://`` URL) writes a temporary file beside
 the final one, fsyncs it, renames it into place and fsyncs the directory, so a crash leaves
@@ -461,6 +464,8 @@ class FileSystemBlobStore:
 
     def put(self, source: Path, key: bytes, target: JobBlob | None, epoch: int = 0) -> None:
         k = key.hex()
+        if target is not None and self._holds_already(source, k, target, epoch):
+            return
         with self._keys.hold(key):
             # An object of the wrong size is the debris of a write that never finished.
             if self.files.size(self._object(k)) != source.stat().st_size:
@@ -482,6 +487,25 @@ class FileSystemBlobStore:
             except FileExistsError:
                 raise NotLeader(f"another writer took the name record {name.path(order)}; not written") from None
             self._drop_older(name, order, key)
+
+    def _holds_already(self, source: Path, k: str, target: JobBlob, epoch: int) -> bool:
+        """Whether the store holds ``target`` as key ``k`` by a record of this writer's own
+        ``epoch``, with the object whole and this name's ref: a name written again (a
+        checkpoint LINKs every unchanged state file each time) then costs a few reads, no
+        write or fsync. Only a record of this epoch will do: after one of an older epoch, a
+        deposed leader could still add a record above it, so a new one is written."""
+        name = _Name(target.job, _name_hash(target.name))
+        with self._jobs.hold(target.job):
+            orders = self._orders(name)
+            if not orders or orders[-1][0] != epoch or orders[-1][1] == _EARLIER_LAYOUT:
+                return False
+            record = self._read_quietly(name.path(orders[-1]))
+        return (
+            record is not None
+            and record.key.hex() == k
+            and self.files.size(f"{self._key_dir(k)}/{self._ref(target)}") is not None
+            and self.files.size(self._object(k)) == source.stat().st_size
+        )
 
     def _drop_older(self, name: _Name, order: Order, key: bytes) -> None:
         """Remove a name's records ordered before ``order`` (whose record, naming ``key``, is

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -155,10 +156,12 @@ class TaskCheckpoints:
     def __post_init__(self) -> None:
         check_pipeline(self.pipeline)
 
-    def snapshot(self, task: int | str, source: StateSource) -> TaskHandle:
+    def snapshot(self, task: int | str, source: StateSource, *, immutable: Sequence[str] = ()) -> TaskHandle:
         """Store ``task``'s state (a directory, a file, or bytes; files unchanged since an
-        earlier checkpoint send no bytes) and return the handle for the driver to acknowledge."""
-        return self._store(cached=False).snapshot(str(task), source)
+        earlier checkpoint are neither read, known by the stamps remembered beside the state,
+        nor sent) and return the handle for the driver to acknowledge. Files whose names match
+        a pattern of ``immutable`` (``"*.sst"``) never change once written."""
+        return self._store(cached=False).snapshot(str(task), source, immutable=immutable)
 
     def restore(self, task: int | str, dest: str | os.PathLike[str], *, writable: bool = False) -> Path | None:
         """Write ``task``'s state at ``restore_from`` at ``dest`` (which must not exist, or be
