@@ -206,6 +206,22 @@ def test_a_pax_record_at_the_bound_is_read(tmp_path: Path) -> None:
     assert (unpack(tmp_path / "u", "k", path, "tar") / "f").exists()
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_members_own_bytes_are_not_counted_as_its_headers(tmp_path: Path, compressed: bool) -> None:
+    """A file of many chunks (a wheel, a shared library, a model) unpacks whole: only the
+    reads before a member's bytes count against the headers' bound."""
+    data = os.urandom(4 * MAX_HEADER_BYTES + 12345)
+    path = tmp_path / ("big.tar.gz" if compressed else "big.tar")
+    with tarfile.open(path, "w:gz" if compressed else "w", format=tarfile.PAX_FORMAT) as out:
+        for name in ("big", "after"):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    tree = unpack(tmp_path / "u", "k", path, "tar")
+    assert (tree / "big").read_bytes() == data
+    assert (tree / "after").read_bytes() == data
+
+
 def _peak(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):

@@ -202,21 +202,30 @@ def _decompressor(raw: BinaryIO) -> io.BufferedIOBase | None:
 class _CappedReads:
     """A stream whose reads are at most MAX_HEADER_BYTES: tarfile reads a pax record or a GNU
     long name whole, as long as its header claims, and member bytes in smaller chunks. While
-    tarfile reads one member's headers (from :meth:`headers` on), their reads are counted:
-    at most _MAX_HEADER_READS of MAX_HEADER_BYTES in all."""
+    tarfile reads one member's headers (from :meth:`headers` to :meth:`body`), their reads are
+    counted: at most _MAX_HEADER_READS of MAX_HEADER_BYTES in all. The member's own bytes,
+    read after :meth:`body` in _CHUNK pieces, are not headers: a large file is not refused."""
 
     def __init__(self, stream: BinaryIO | io.BufferedIOBase) -> None:
         self._stream = stream
         self._reads = 0
         self._bytes = 0
+        self._counting = True  # tarfile.open reads the first member's headers
 
     def headers(self) -> None:
         """What follows, up to the member's bytes, is its headers."""
         self._reads = self._bytes = 0
+        self._counting = True
+
+    def body(self) -> None:
+        """What follows is the member's bytes."""
+        self._counting = False
 
     def read(self, size: int = -1) -> bytes:
         if size < 0 or size > MAX_HEADER_BYTES:
             raise UnsafeArchive(f"a tar header claims {size} bytes, more than the {MAX_HEADER_BYTES} allowed")
+        if not self._counting:
+            return self._stream.read(size)
         self._reads += 1
         if size > tarfile.BLOCKSIZE:  # a long name or pax record: the blocks are counted as reads
             self._bytes += size
@@ -259,6 +268,7 @@ def _tar_members(tarred: tarfile.TarFile, stream: _CappedReads) -> Iterator[_Mem
     while True:
         stream.headers()
         info = _reading(tarred.next)
+        stream.body()
         if info is None:
             return
         tarred.members = []  # type: ignore[attr-defined]  # tarfile keeps every header it read: drop them
