@@ -139,6 +139,12 @@ def zookeeper(directory: Path) -> Iterator[str]:
         running.stop()
 
 
+def serve_leader(hosts: str, ha_dir: str, cluster: str, data_dir: Path) -> contextlib.AbstractContextManager[str]:
+    """A zookeeper-mode server of its own cluster, with its HA store at ``ha_dir``."""
+    options = ("--recovery-mode", "zookeeper", "--zookeeper", hosts, "--ha-dir", ha_dir, "--cluster-id", cluster)
+    return serve("--metrics-port", "0", *options, data_dir=data_dir)
+
+
 class Server:
     """A blob server's address and its received-bytes counter (on its /metrics)."""
 
@@ -359,39 +365,9 @@ def main() -> None:
         hosts = stack.enter_context(zookeeper(work / "zookeeper"))
         servers = {
             "standalone": Server(stack.enter_context(serve("--metrics-port", "0", data_dir=work / "data"))),
-            "zookeeper": Server(
-                stack.enter_context(
-                    serve(
-                        "--metrics-port",
-                        "0",
-                        "--recovery-mode",
-                        "zookeeper",
-                        "--zookeeper",
-                        hosts,
-                        "--ha-dir",
-                        str(work / "ha"),
-                        "--cluster-id",
-                        "bench",
-                        data_dir=work / "data-zk",
-                    )
-                )
-            ),
+            "zookeeper": Server(stack.enter_context(serve_leader(hosts, str(work / "ha"), "bench", work / "data-zk"))),
             "zookeeper-s3": Server(
-                stack.enter_context(
-                    serve(
-                        "--metrics-port",
-                        "0",
-                        "--recovery-mode",
-                        "zookeeper",
-                        "--zookeeper",
-                        hosts,
-                        "--ha-dir",
-                        f"s3://{bucket}/ha",
-                        "--cluster-id",
-                        "bench-s3",
-                        data_dir=work / "data-zk-s3",
-                    )
-                )
+                stack.enter_context(serve_leader(hosts, f"s3://{bucket}/ha", "bench-s3", work / "data-zk-s3"))
             ),
         }
         for way in ("zookeeper", "zookeeper-s3"):
