@@ -126,6 +126,7 @@ SEND_PIECE = 8 << 20
 INLINE_HASH_LIMIT = 256 << 10
 MAX_IDLE_CONNECTIONS = 8
 MAX_BACKOFF = 5.0
+DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds; a zk:// client waits this long for a leader too
 
 Progress = Callable[[int], None]
 """Called with the number of bytes moved since the last call."""
@@ -474,7 +475,7 @@ class AsyncBlobClient:
         server: str | tuple[str, int] = f"127.0.0.1:{DEFAULT_PORT}",
         *,
         secret: bytes | None = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         timeout: float = 60.0,
         retries: int = 3,
         backoff: float = 0.1,
@@ -1310,6 +1311,12 @@ class BlobClient:
     @property
     def server(self) -> str:
         return AsyncBlobClient(self._server).server
+
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds a connection may take: to the server, and to the store a snapshot writes to."""
+        timeout: float = self._options.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+        return timeout
 
     put = _blocking(AsyncBlobClient.put)
     get = _blocking(AsyncBlobClient.get)

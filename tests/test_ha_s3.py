@@ -10,6 +10,7 @@ server's own ``blobsvc_sent_bytes`` says how much of it came from the server.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import re
@@ -27,7 +28,7 @@ import blake3
 import pytest
 import s3fs
 
-from benchmarks.harness.s3 import MotoServer, s3
+from benchmarks.harness.s3 import MotoServer, free_port, s3
 from benchmarks.harness.zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 from blobsvc import BlobCache, BlobClient, InternalError, new_job_id
 from blobsvc.checkpoints import CheckpointStore
@@ -85,14 +86,14 @@ def _leader(
     return server
 
 
-def _sent_bytes(server: str) -> float:
-    """The body bytes a server has sent (GET), from its own /metrics."""
+def _sent_bytes(server: str, way: str = "sent") -> float:
+    """The body bytes a server has sent (GET), or ``received`` (PUT), from its own /metrics."""
     with _client(server) as client:
         address = client.status()["metrics_address"]
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
         text = reply.read().decode()
-    match = re.search(r"^blobsvc_sent_bytes_total (\S+)$", text, re.M)
-    assert match, "no blobsvc_sent_bytes_total in the server's metrics"
+    match = re.search(rf"^blobsvc_{way}_bytes_total (\S+)$", text, re.M)
+    assert match, f"no blobsvc_{way}_bytes_total in the server's metrics"
     return float(match.group(1))
 
 
@@ -343,6 +344,7 @@ def test_an_incremental_checkpoint_on_s3_stores_only_what_changed_and_restores_f
         with CheckpointStore(_client(leader.address), "pipe", retain=2, timeout=60, cache=cache) as store:
             with store.begin(["0"]) as pending:
                 pending.acknowledge("0", store.snapshot("0", state))
+            assert _sent_bytes(leader.address, "received") < 64 << 10, "the state went straight to the bucket"
             records = set(s3().find(names))
             (state / "000001.sst").write_bytes(os.urandom(100_000))
             with store.begin(["0"]) as pending:
@@ -355,3 +357,49 @@ def test_an_incremental_checkpoint_on_s3_stores_only_what_changed_and_restores_f
         assert {p.name: p.read_bytes() for p in restored.iterdir()} == {p.name: p.read_bytes() for p in state.iterdir()}
         assert cache.stats().bytes_from_store >= 400_000
     assert _sent_bytes(leader.address) < 400_000, "the state came from the bucket"
+
+
+def snapshot_unable_to_reach_the_store(server: str, state: Path, endpoint: str, results: Any) -> None:
+    """A task whose host cannot reach the store (its endpoint is down for it alone): two
+    snapshots, then the levels its fall-backs were logged at."""
+    import logging
+
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    logged: list[int] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.levelno)  # type: ignore[method-assign]
+    logging.getLogger("blobsvc.checkpoints").addHandler(handler)
+    logging.getLogger("blobsvc.checkpoints").setLevel(logging.INFO)
+    with CheckpointStore(_client(server, connect_timeout=2.0), "pipe") as store:
+        handles = [store.snapshot(str(task), state, stamps=False).to_json() for task in range(2)]
+    results.put((handles, logged))
+
+
+def test_a_task_that_cannot_write_the_store_sends_its_state_to_the_server_logging_it_once(
+    zookeeper: ZooKeeper, servers: list[HaServer], bucket: str, tmp_path: Path
+) -> None:
+    leader = _leader(servers, zookeeper, f"{bucket}/ha", tmp_path / "a", "fallback", extra=("--metrics-port", "0"))
+    state = tmp_path / "state"
+    state.mkdir()
+    contents = {f"{i}.sst": os.urandom(100_000) for i in range(3)}
+    for name, data in contents.items():
+        (state / name).write_bytes(data)
+    results = CONTEXT.Queue()
+    down = f"http://127.0.0.1:{free_port()}"
+    task = CONTEXT.Process(target=snapshot_unable_to_reach_the_store, args=(leader.address, state, down, results))
+    task.start()
+    try:
+        handles, logged = results.get(timeout=120)
+    finally:
+        task.join(30)
+        if task.exitcode is None:
+            task.kill()
+    assert task.exitcode == 0
+    assert logged.count(logging.WARNING) == 1 and logging.INFO in logged, "warned once, then told at info"
+    assert _sent_bytes(leader.address, "received") >= 300_000, "the state went to the server"
+    with CheckpointStore(_client(leader.address), "pipe", timeout=60) as store:
+        with store.begin(["0", "1"]) as pending:
+            for task_id, handle in enumerate(handles):
+                pending.acknowledge(str(task_id), handle)
+        restored = store.restore(pending.id, handles[0], tmp_path / "restored")
+    assert {p.name: p.read_bytes() for p in restored.iterdir()} == contents

@@ -113,14 +113,25 @@ class CheckpointStore:
         return self.coordinator.trigger(tasks, properties, savepoint=savepoint, timeout=timeout)
 
     def snapshot(
-        self, task: Task, source: StateSource, *, immutable: Sequence[str] = (), stamps: bool = True
+        self,
+        task: Task,
+        source: StateSource,
+        *,
+        immutable: Sequence[str] = (),
+        stamps: bool = True,
+        store_writes: bool = True,
     ) -> TaskHandle:
         """Store ``task``'s state (a directory, a file, or bytes) and return its handle, for
         ``pending.acknowledge(task, handle)``. Unchanged files send no bytes and, with
         ``stamps`` (a memory of the files' stamps kept beside the state), are not read;
         files whose names match a pattern of ``immutable`` (``"*.sst"``) never change once
+        written. With ``store_writes``, a new file's bytes go straight to the HA store of a
+        server in recovery mode zookeeper (the store caches read from; the server then
+        receives only its name), falling back to the server when the store cannot be
         written."""
-        return snapshot(self.client, self.pipeline, task, source, immutable=immutable, stamps=stamps)
+        return snapshot(
+            self.client, self.pipeline, task, source, immutable=immutable, stamps=stamps, store_writes=store_writes
+        )
 
     def records(self) -> list[dict[str, Any]]:
         """The server's records of the completed checkpoints, oldest first; one whose

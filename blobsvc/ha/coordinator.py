@@ -21,6 +21,8 @@ replaced under another leader is never served stale.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import math
 import os
@@ -28,7 +30,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +50,12 @@ _T = TypeVar("_T")
 
 SERVER_ID_FILE = "server-id"
 HA_COUNT_INTERVAL = 60.0  # seconds between counts of the HA store's blobs for status
+# Names stat-ed in the HA store at once when a completion checks state only the store holds.
+STAT_WAYS = 16
+# The leader sweeps the HA store of objects no name holds this often, removing those older than
+# ORPHAN_GRACE: a task links what it wrote within seconds; an hour leaves room for a slow one.
+SWEEP_INTERVAL = 3600.0
+ORPHAN_GRACE = 3600.0
 
 
 class Standalone:
@@ -83,6 +91,12 @@ class Standalone:
 
     async def recover(self, target: ContentKey | JobBlob) -> bool:
         return False
+
+    async def adopt(self, key: bytes, target: JobBlob) -> int | None:
+        return None
+
+    async def stat_stored(self, targets: Sequence[ContentKey | JobBlob]) -> list[tuple[int, bytes] | None]:
+        return [None] * len(targets)
 
     async def recover_job(self, job: bytes) -> None:
         pass
@@ -130,6 +144,7 @@ class ZooKeeperHA:
         self._counted_at = -math.inf
         self._counting = threading.Lock()
         self._fence = _SharedCheck(lambda: self._election.fence(settings.zookeeper_session_timeout))
+        self._sweeping: asyncio.Task[None] | None = None
 
     async def start(self, address: tuple[str, int], storage: BlobStorage) -> None:
         from .leader import LeaderElection
@@ -161,8 +176,13 @@ class ZooKeeperHA:
             on_elected=self._forget_stale,
         )
         self._election.start()
+        self._sweeping = asyncio.create_task(self._sweep_forever())
 
     async def stop(self) -> None:
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeping
         if self._election is not None:
             await asyncio.to_thread(self._election.stop)
         if self._client is not None:
@@ -207,6 +227,42 @@ class ZooKeeperHA:
         token = self._election.token or 0
         failed = f"could not store {key.hex()}, not acknowledged"
         await self._in_store(failed, lambda: self.blobs.put(source, key, target, token))
+
+    async def adopt(self, key: bytes, target: JobBlob) -> int | None:
+        """Name ``target`` the content of ``key`` that only the HA store holds (a task wrote it
+        there, or another leader stored it), in the store alone, no byte copied: its size, or
+        None when the store has no such object. This server reads the bytes only when asked
+        for them (lazy recovery, verified)."""
+        token = self._election.token or 0
+        failed = f"could not name {key.hex()}, not acknowledged"
+        return await self._in_store(failed, lambda: self.blobs.adopt(key, target, token))
+
+    async def stat_stored(self, targets: Sequence[ContentKey | JobBlob]) -> list[tuple[int, bytes] | None]:
+        """The size and key of each of ``targets`` in the HA store (None for one it lacks),
+        from records and object sizes alone, asked :data:`STAT_WAYS` at a time: an object
+        store answers each in a round trip."""
+
+        def stat_all() -> list[tuple[int, bytes] | None]:
+            with concurrent.futures.ThreadPoolExecutor(STAT_WAYS, thread_name_prefix="blobsvc-ha-stat") as pool:
+                return list(pool.map(self.blobs.stat_name, targets))
+
+        return await self._in_store("could not be read", stat_all)
+
+    async def sweep(self) -> int:
+        """Remove from the HA store the objects that no name holds, written more than
+        :data:`ORPHAN_GRACE` seconds ago (a task's write it never linked); only while leading."""
+        if not self._election.may_write():
+            return 0
+        before = time.time() - ORPHAN_GRACE
+        return await self._in_store("could not be swept", lambda: self.blobs.sweep(before))
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            try:
+                await self.sweep()
+            except BlobError as exc:  # logged by _in_store; the next sweep tries again
+                log.debug("sweep failed: %s", exc)
 
     async def acknowledge(self) -> None:
         if not await self._fence.confirm():

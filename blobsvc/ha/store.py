@@ -54,13 +54,14 @@ its key: a damaged copy is never served.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -118,6 +119,13 @@ class BlobStore(Protocol):
     def size_of(self, key: bytes) -> int | None:
         """The size of the bytes of ``key``, None when the store has none."""
 
+    def adopt(self, key: bytes, target: JobBlob, epoch: int = 0) -> int | None:
+        """Name ``target`` the object of ``key`` the store holds (written by a task); its size,
+        None when the store has no such object."""
+
+    def stat_name(self, target: ContentKey | JobBlob) -> tuple[int, bytes] | None:
+        """The size and key of ``target`` in the store, no byte read; None when it has none."""
+
     def names(self, job: bytes) -> list[str]:
         """The names of ``job`` the store holds."""
 
@@ -148,6 +156,12 @@ class VoidBlobStore:
     def size_of(self, key: bytes) -> int | None:
         return None
 
+    def adopt(self, key: bytes, target: JobBlob, epoch: int = 0) -> int | None:
+        return None
+
+    def stat_name(self, target: ContentKey | JobBlob) -> tuple[int, bytes] | None:
+        return None
+
     def names(self, job: bytes) -> list[str]:
         return []
 
@@ -172,11 +186,21 @@ class _Files(Protocol):
         """Write a new file at ``path``, durable before it returns; :class:`FileExistsError`
         (and nothing written) when there is one."""
 
+    def write_checked(self, path: str, chunks: Iterable[bytes], check: Callable[[], object]) -> None:
+        """Write ``chunks`` as the file at ``path``, calling ``check`` once all are written
+        (it raises to refuse them): before the file appears under ``path`` where the store
+        can promise that (a rename), else just after, the file then removed. Written by a
+        writer that holds none of the store's locks: it leaves others' temporary files be."""
+
     def chunks(self, path: str, offset: int = 0) -> Iterator[bytes]:
         """The file's bytes from ``offset`` on; :class:`FileNotFoundError` when there is none."""
 
     def size(self, path: str) -> int | None: ...
     def listdir(self, path: str) -> list[str]: ...
+    def files_under(self, path: str) -> Iterator[tuple[str, float | None]]:
+        """Every file under ``path`` (dot files aside), relative to the root, with its time
+        of last modification (None when the backend gives none)."""
+
     def remove(self, path: str) -> None: ...
     def move(self, path: str, new_path: str) -> None: ...
     def check(self, create_bucket: bool) -> None:
@@ -194,7 +218,9 @@ class _LocalFiles:
         return self.root / path
 
     @contextlib.contextmanager
-    def _replacing(self, path: str, marker: str | None = None, *, exclusive: bool = False) -> Iterator[Path]:
+    def _replacing(
+        self, path: str, marker: str | None = None, *, exclusive: bool = False, locked: bool = True
+    ) -> Iterator[Path]:
         """A temporary file to fill; on success it is synced and renamed to ``path`` (linked
         there if ``exclusive``: :class:`FileExistsError` if ``path`` is taken), and an empty
         ``marker`` is created beside it before the directory is synced.
@@ -202,10 +228,11 @@ class _LocalFiles:
         The temporary files a crashed write left in that directory go first (a key's or a
         job's directory holds a few files: cheap to look). Safe to take, since the caller
         holds the lock that orders writes there (the key's or the job's), and a deposed
-        leader whose file goes was never going to be acknowledged."""
+        leader whose file goes was never going to be acknowledged; a writer that is not
+        ``locked`` (a task's store write) leaves them be."""
         final = self._path(path)
         make_dirs(final.parent)
-        for stale in final.parent.glob(f"{_TEMP_PREFIX}*"):
+        for stale in final.parent.glob(f"{_TEMP_PREFIX}*") if locked else ():
             stale.unlink(missing_ok=True)
         temp = final.parent / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
@@ -246,6 +273,13 @@ class _LocalFiles:
         with self._replacing(path, exclusive=True) as temp:
             temp.write_bytes(data)
 
+    def write_checked(self, path: str, chunks: Iterable[bytes], check: Callable[[], object]) -> None:
+        with self._replacing(path, locked=False) as temp:
+            with open(temp, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+            check()
+
     def chunks(self, path: str, offset: int = 0) -> Iterator[bytes]:
         with open(self._path(path), "rb") as f:
             f.seek(offset)
@@ -263,6 +297,24 @@ class _LocalFiles:
             return [name for name in os.listdir(self._path(path)) if not name.startswith(".")]
         except FileNotFoundError:
             return []
+
+    def files_under(self, path: str) -> Iterator[tuple[str, float | None]]:
+        stack = [path]
+        while stack:
+            directory = stack.pop()
+            try:
+                entries = list(os.scandir(self._path(directory)))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                relative = f"{directory}/{entry.name}"
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(relative)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        yield relative, entry.stat(follow_symlinks=False).st_mtime
 
     def remove(self, path: str) -> None:
         target = self._path(path)
@@ -333,6 +385,22 @@ class _FsspecFiles:
         self.fs.pipe_file(full, data, mode="create")
         self._checked(path, len(data))
 
+    def write_checked(self, path: str, chunks: Iterable[bytes], check: Callable[[], object]) -> None:
+        full = self._path(path)
+        self._make_parent(full)
+        written = 0
+        with self.fs.open(full, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                written += len(chunk)
+        try:
+            check()
+        except BaseException:
+            with contextlib.suppress(Exception):  # a reader refuses it anyway: it does not hash to its key
+                self.fs.rm_file(full)
+            raise
+        self._checked(path, written)
+
     def chunks(self, path: str, offset: int = 0) -> Iterator[bytes]:
         with self.fs.open(self._path(path), "rb") as f:
             f.seek(offset)
@@ -351,6 +419,16 @@ class _FsspecFiles:
         except FileNotFoundError:
             return []
         return [str(entry).rstrip("/").rpartition("/")[2] for entry in entries]
+
+    def files_under(self, path: str) -> Iterator[tuple[str, float | None]]:
+        try:
+            found = self.fs.find(self._path(path), detail=True)
+        except FileNotFoundError:
+            return
+        for full, info in found.items():
+            relative = str(full)[len(self.root) + 1 :]
+            if not relative.rpartition("/")[2].startswith("."):
+                yield relative, _modified(info)
 
     def remove(self, path: str) -> None:
         full = self._path(path)
@@ -381,6 +459,18 @@ class _FsspecFiles:
                 ) from None
             self.fs.mkdir(bucket)
             log.warning("created the HA store's bucket %r (ha_create_bucket)", bucket)
+
+
+def _modified(info: dict[str, Any]) -> float | None:
+    """A file's time of last modification from an fsspec listing: each backend names it its
+    own way (s3fs ``LastModified``, a datetime; local ``mtime``; memory ``created``)."""
+    for field in ("LastModified", "mtime", "created", "last_modified"):
+        value = info.get(field)
+        if isinstance(value, datetime.datetime):
+            return value.timestamp()
+        if isinstance(value, int | float):
+            return float(value)
+    return None
 
 
 def _key_dir(key: str) -> str:
@@ -464,16 +554,40 @@ class FileSystemBlobStore:
 
     def put(self, source: Path, key: bytes, target: JobBlob | None, epoch: int = 0) -> None:
         k = key.hex()
-        if target is not None and self._holds_already(source, k, target, epoch):
+        size = source.stat().st_size
+        if target is not None and self._holds_already(size, k, target, epoch):
             return
         with self._keys.hold(key):
             # An object of the wrong size is the debris of a write that never finished.
-            if self.files.size(self._object(k)) != source.stat().st_size:
+            if self.files.size(self._object(k)) != size:
                 self.files.write_file(self._object(k), source, marker=self._ref(target))
             else:
                 self.files.write_bytes(f"{self._key_dir(k)}/{self._ref(target)}", b"")
-        if target is None:
-            return
+        if target is not None:
+            self._record(key, target, epoch)
+
+    def adopt(self, key: bytes, target: JobBlob, epoch: int = 0) -> int | None:
+        """Name ``target`` the object of ``key`` that the store holds already, whoever wrote
+        it (a task's state file, :mod:`blobsvc.ha.writes`), without reading a byte of it:
+        its size, or None when the store has no such object. Its bytes are as trustworthy as
+        whoever could write to the store: every reader verifies them."""
+        k = key.hex()
+        size = self.files.size(self._object(k))
+        if size is None:
+            return None
+        if self._holds_already(size, k, target, epoch):
+            return size
+        with self._keys.hold(key):
+            if self.files.size(self._object(k)) != size:  # collected, or swept, since
+                return None
+            self.files.write_bytes(f"{self._key_dir(k)}/{self._ref(target)}", b"")
+        self._record(key, target, epoch)
+        return size
+
+    def _record(self, key: bytes, target: JobBlob, epoch: int) -> None:
+        """Write the name record of ``target`` naming ``key`` (whose object and ref are
+        durable), then drop the name's older records."""
+        k = key.hex()
         name = _Name(target.job, _name_hash(target.name))
         with self._jobs.hold(target.job):
             orders = self._orders(name)
@@ -488,7 +602,7 @@ class FileSystemBlobStore:
                 raise NotLeader(f"another writer took the name record {name.path(order)}; not written") from None
             self._drop_older(name, order, key)
 
-    def _holds_already(self, source: Path, k: str, target: JobBlob, epoch: int) -> bool:
+    def _holds_already(self, size: int, k: str, target: JobBlob, epoch: int) -> bool:
         """Whether the store holds ``target`` as key ``k`` by a record of this writer's own
         ``epoch``, with the object whole and this name's ref: a name written again (a
         checkpoint LINKs every unchanged state file each time) then costs a few reads, no
@@ -504,7 +618,7 @@ class FileSystemBlobStore:
             record is not None
             and record.key.hex() == k
             and self.files.size(f"{self._key_dir(k)}/{self._ref(target)}") is not None
-            and self.files.size(self._object(k)) == source.stat().st_size
+            and self.files.size(self._object(k)) == size
         )
 
     def _drop_older(self, name: _Name, order: Order, key: bytes) -> None:
@@ -586,6 +700,14 @@ class FileSystemBlobStore:
     def size_of(self, key: bytes) -> int | None:
         return self.files.size(self._object(key.hex()))
 
+    def stat_name(self, target: ContentKey | JobBlob) -> tuple[int, bytes] | None:
+        """The size and key of ``target`` as the store holds it: its newest record and its
+        object's size, no byte read (the bytes are verified by whoever reads them). None
+        when the store has no such name, or has lost its bytes."""
+        key = self.key_of(target)
+        size = None if key is None else self.size_of(key)
+        return None if key is None or size is None else (size, key)
+
     def fetch(self, target: ContentKey | JobBlob, write: Writer) -> bytes | None:
         key = self.key_of(target)
         if key is None:
@@ -647,6 +769,41 @@ class FileSystemBlobStore:
                     self._unref(key, f"{job.hex()}-{name_hash}")
             self.files.remove(f"names/{job.hex()}")
             self.files.remove(f"jobs/{job.hex()}")
+
+    def sweep(self, before: float) -> int:
+        """Remove the objects that no ref holds and that were written before ``before`` (a
+        ``time.time()``): bytes a task wrote and never linked (it died first, or its LINK
+        was refused). Younger ones stay, since a task may be about to link them; so does an
+        object the backend gives no time for. How many went. One listing per prefix
+        (``objects/<k[:2]>``), so a sweep holds one 256th of the store's listing at a time."""
+        removed = 0
+        for prefix in self.files.listdir("objects"):
+            contents: dict[str, dict[str, float | None]] = {}
+            for path, modified in self.files.files_under(f"objects/{prefix}"):
+                key_dir, _, name = path.rpartition("/")
+                contents.setdefault(key_dir, {})[name] = modified
+            for key_dir, files in contents.items():
+                modified = files.get(_DATA)
+                if set(files) == {_DATA} and modified is not None and modified < before:
+                    removed += self._remove_unreferenced(key_dir.rpartition("/")[2])
+        if removed:
+            log.info("swept %d objects of the HA store that no name holds", removed)
+        return removed
+
+    def _remove_unreferenced(self, k: str) -> int:
+        """Remove the object of ``k`` if it still has no ref (a write may have named it since)."""
+        try:
+            key = bytes.fromhex(k)
+        except ValueError:
+            return 0
+        if len(key) != KEY_SIZE:
+            return 0
+        with self._keys.hold(key):
+            if self.files.listdir(self._key_dir(k)) != [_DATA]:
+                return 0
+            self.files.remove(self._object(k))
+            self.files.remove(self._key_dir(k))
+        return 1
 
     def _unref(self, key: bytes, ref: str) -> None:
         k = key.hex()

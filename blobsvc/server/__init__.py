@@ -267,6 +267,19 @@ class BlobServer:
                 raise
         return self.storage.open_blob(target)
 
+    async def stat_blob(self, target: ContentKey | JobBlob) -> tuple[int, bytes]:
+        """A blob's size and key from local disk or, when this server lacks it, from the HA
+        store's record and object size alone: a cache that STATs before it reads from the
+        store (and verifies) costs this server no byte of the blob."""
+        self.ha.check()
+        try:
+            return self.storage.stat(target)
+        except NotFound:
+            stored = (await self.ha.stat_stored([target]))[0]
+            if stored is None:
+                raise
+            return stored
+
     async def delete_blob(self, target: ContentKey | JobBlob | WholeJob) -> None:
         """Delete both copies, the HA one first: a lazy recovery must not revive it."""
         async with self.deleting_in(target):
@@ -528,8 +541,7 @@ class _Connection(Connection):
             case GetRequest():
                 await self._get(event)
             case StatRequest(target):
-                with await self.server.open_blob(target) as blob:
-                    await self._send(StatOk(blob.size, blob.digest))
+                await self._send(StatOk(*await self.server.stat_blob(target)))
             case DeleteRequest(target):
                 await self.server.delete_blob(target)
                 await self._send(DeleteOk())
@@ -556,16 +568,21 @@ class _Connection(Connection):
     async def _link(self, target: JobBlob, key: bytes) -> None:
         """LINK: the name on local disk (storage's locks make it atomic), then in the HA store
         from the local object (never from the name, which a concurrent PUT may have replaced),
-        then the acknowledgement, as for a PUT. Content only the HA store holds is recovered
-        first."""
+        then the acknowledgement, as for a PUT. Content only the HA store holds (a task's
+        state file it wrote there, a blob stored under another leader) is named in the store
+        alone, no byte copied here, and an older local blob of the name dropped."""
         async with self.server.writing_into(target):
             try:
                 size = await asyncio.to_thread(self.storage.link, key, target)
             except NotFound:
-                if not await self.server.ha.recover(ContentKey(key)):
+                adopted = await self.server.ha.adopt(key, target)
+                if adopted is None:
                     raise
-                size = await asyncio.to_thread(self.storage.link, key, target)
-            await self.server.ha.link(self.storage.layout.object(key), key, target)
+                size = adopted
+                with contextlib.suppress(NotFound):
+                    await asyncio.to_thread(self.storage.delete, target)
+            else:
+                await self.server.ha.link(self.storage.layout.object(key), key, target)
         await self.server.ha.acknowledge()
         await self._send(LinkOk(size, key))
 

@@ -34,6 +34,7 @@ from ..wire._checkpoints import (
 from ..wire._protocol import ContentKey, JobBlob
 
 if TYPE_CHECKING:
+    from ..ha import HighAvailability
     from ..ha.checkpoints import Record
     from ..storage import BlobStorage, OpenBlob
 
@@ -45,6 +46,9 @@ _T = TypeVar("_T")
 class _Server(Protocol):
     @property
     def storage(self) -> BlobStorage: ...
+
+    @property
+    def ha(self) -> HighAvailability: ...
 
     async def open_blob(self, target: ContentKey | JobBlob) -> OpenBlob: ...
 
@@ -121,20 +125,23 @@ class MetadataReader:
         self._keys = {k: v for k, v in self._keys.items() if k[0] != pipeline or k[1] in keep_ids}
 
     async def check_state(self, pipeline: str, metadata: Metadata) -> None:
-        """Every state file the metadata references is on the server, with that content."""
+        """Every state file the metadata references is held under its name with that content:
+        on local disk (hashed when it was received), or else in the HA store, by its record
+        and its object's size, no byte read (a task wrote it there, or a new leader has not
+        fetched it yet: whoever reads it verifies it)."""
         job = pipeline_job(pipeline)
         entries = [(task, entry) for task, handle in metadata.tasks.items() for entry in handle.files]
         # Every name stat-ed in one worker thread: a thread hop per file would cost more than the stat.
-        for index in await self._run(self._check_local, job, entries, metadata.checkpoint_id):
-            task, entry = entries[index]  # a new leader that has not fetched it yet
-            try:
-                with await self.server.open_blob(JobBlob(job, state_name(bytes.fromhex(entry.key)))) as blob:
-                    _check_entry(metadata.checkpoint_id, task, entry, blob.size, blob.digest)
-            except NotFound:
+        missing = await self._run(self._check_local, job, entries, metadata.checkpoint_id)
+        targets = [JobBlob(job, state_name(bytes.fromhex(entries[index][1].key))) for index in missing]
+        for index, stored in zip(missing, await self.server.ha.stat_stored(targets), strict=True):
+            task, entry = entries[index]
+            if stored is None:
                 raise NotFound(
                     f"checkpoint {metadata.checkpoint_id}: task {task}'s state {entry.path or entry.key} "
                     "is not on the server (discarded meanwhile?): not completed"
-                ) from None
+                )
+            _check_entry(metadata.checkpoint_id, task, entry, *stored)
 
     def _check_local(self, job: bytes, entries: list[tuple[str, FileEntry]], checkpoint_id: int) -> list[int]:
         """Check each entry against the local disk; the indices of those it does not hold."""
