@@ -182,7 +182,8 @@ def test_a_sweep_removes_only_objects_no_name_holds_that_are_older_than_its_grac
         (tmp_path / label).write_bytes(label.encode() * 100)
         files[label] = blake3.blake3(label.encode() * 100).digest()
         writer.write(files[label], tmp_path / label)
-    assert store.adopt(files["linked"], JobBlob(bytes.fromhex(new_job_id()), state_name(files["linked"]))) == len(b"linked") * 100
+    name = JobBlob(bytes.fromhex(new_job_id()), state_name(files["linked"]))
+    assert store.adopt(files["linked"], name) == len(b"linked") * 100
     an_hour_ago = time.time() - 3600
     for label in ("orphan", "linked"):
         data = tmp_path / "store" / object_path(files[label].hex())
