@@ -406,6 +406,12 @@ class Settings:
         "Caches read blobs straight from the HA store the server names (verified; the server on failure); "
         "0 to fetch from the server only.",
     )
+    store_writes: bool = _setting(
+        True,
+        _parse_bool,
+        "Checkpoint snapshots write new state files straight into the HA store the server names "
+        "(the server records their names; the server on failure); 0 to send them to the server.",
+    )
     # agent
     agent_host: str = _setting("127.0.0.1", str, "Address the agent listens on; keep it on loopback.")
     agent_port: str = _setting(

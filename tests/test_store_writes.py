@@ -22,10 +22,10 @@ import pytest
 from benchmarks.harness.zk import HaServer, ZooKeeper, running_zookeeper, started_servers, wait_for_leader
 from blobsvc import BlobCache, BlobClient, new_job_id
 from blobsvc._exceptions import DigestMismatch, NotFound
-from blobsvc.checkpoints import CheckpointStore
+from blobsvc.checkpoints import CheckpointStore, FileEntry, TaskHandle
 from blobsvc.ha.store import object_path, open_blob_store
 from blobsvc.ha.writes import StateChanged, StoreWriter
-from blobsvc.wire._checkpoints import state_name
+from blobsvc.wire._checkpoints import pipeline_job, state_name
 from blobsvc.wire._protocol import JobBlob
 
 pytestmark = pytest.mark.timeout(180)
@@ -110,22 +110,45 @@ def test_new_state_goes_to_the_store_and_the_server_receives_only_names_and_meta
 def test_a_completion_checks_each_stored_files_name_and_size_and_refuses_what_is_missing(
     leader: HaServer, client: BlobClient, tmp_path: Path
 ) -> None:
-    state = make_state(tmp_path / "state", 2, 10_000)
-    key = blake3.blake3(state["001.sst"]).hexdigest()
-    stored = leader.store / object_path(key)  # type: ignore[attr-defined]
+    data = os.urandom(10_000)
+    key = blake3.blake3(data).digest()
+    cut_short = leader.store / object_path(key.hex())  # type: ignore[attr-defined]
+    cut_short.parent.mkdir(parents=True)
+    cut_short.write_bytes(data[:-1])  # what a task's write cut short left (a store without atomic writes)
+    assert client.link(key, job=pipeline_job("pipe"), name=state_name(key)).size == 9_999
+    never_stored = blake3.blake3(b"never stored").digest()
     with CheckpointStore(client, "pipe", timeout=60) as store:
         pending = store.begin(["0"])
-        pending.acknowledge("0", store.snapshot("0", tmp_path / "state"))
-        stored.write_bytes(state["001.sst"][:-1])  # another writer of the store cut it short
+        pending.acknowledge("0", TaskHandle("0", "bytes", (FileEntry("", 10_000, key.hex(), True),)))
         with pytest.raises(DigestMismatch, match="does not hold what its handle says"):
             pending.complete()
-        assert store.list() == []
         pending = store.begin(["0"])
-        pending.acknowledge("0", store.snapshot("0", tmp_path / "state", stamps=False))
-        stored.unlink()
+        pending.acknowledge("0", TaskHandle("0", "bytes", (FileEntry("", 12, never_stored.hex(), True),)))
         with pytest.raises(NotFound, match="is not on the server"):
             pending.complete()
         assert store.list() == []
+
+
+def test_state_a_checkpoint_no_longer_references_is_never_vouched_for_again(
+    leader: HaServer, client: BlobClient, tmp_path: Path
+) -> None:
+    """The leader remembers the names it recorded (a name linked again costs the store no
+    request), and forgets what it discards: a completion naming discarded state is refused."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.write_bytes(os.urandom(50_000))
+    second.write_bytes(os.urandom(50_000))
+    with CheckpointStore(client, "pipe", retain=1, timeout=60) as store:
+        with store.begin(["0"]) as pending:
+            old = store.snapshot("0", first)
+            pending.acknowledge("0", old)
+        with store.begin(["0"]) as pending:
+            pending.acknowledge("0", store.snapshot("0", second))
+        store.records()  # a list waits for the discarding the completion started
+        assert not (leader.store / object_path(old.files[0].key)).exists()  # type: ignore[attr-defined]
+        pending = store.begin(["0"])
+        pending.acknowledge("0", old)
+        with pytest.raises(NotFound, match="is not on the server"):
+            pending.complete()
 
 
 def test_bytes_a_task_put_in_the_store_are_verified_by_every_reader(

@@ -242,9 +242,11 @@ class ZooKeeperHA:
         from records and object sizes alone, asked :data:`STAT_WAYS` at a time: an object
         store answers each in a round trip."""
 
+        epoch = self._election.token
+
         def stat_all() -> list[tuple[int, bytes] | None]:
             with concurrent.futures.ThreadPoolExecutor(STAT_WAYS, thread_name_prefix="blobsvc-ha-stat") as pool:
-                return list(pool.map(self.blobs.stat_name, targets))
+                return list(pool.map(lambda target: self.blobs.stat_name(target, epoch), targets))
 
         return await self._in_store("could not be read", stat_all)
 

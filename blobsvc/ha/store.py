@@ -71,6 +71,7 @@ from .._exceptions import DigestMismatch, NotFound, NotLeader
 from ..files._locks import LockTable, make_dirs
 from ..files._writeback import fsync_dir
 from ..wire._protocol import KEY_SIZE, ContentKey, JobBlob, WholeJob
+from ._recorded import Recorded, RecordedNames
 
 __all__ = [
     "BUCKETED",
@@ -123,8 +124,9 @@ class BlobStore(Protocol):
         """Name ``target`` the object of ``key`` the store holds (written by a task); its size,
         None when the store has no such object."""
 
-    def stat_name(self, target: ContentKey | JobBlob) -> tuple[int, bytes] | None:
-        """The size and key of ``target`` in the store, no byte read; None when it has none."""
+    def stat_name(self, target: ContentKey | JobBlob, epoch: int | None = None) -> tuple[int, bytes] | None:
+        """The size and key of ``target`` in the store, no byte read (or as this writer
+        recorded it under ``epoch``); None when it has none."""
 
     def names(self, job: bytes) -> list[str]:
         """The names of ``job`` the store holds."""
@@ -159,7 +161,7 @@ class VoidBlobStore:
     def adopt(self, key: bytes, target: JobBlob, epoch: int = 0) -> int | None:
         return None
 
-    def stat_name(self, target: ContentKey | JobBlob) -> tuple[int, bytes] | None:
+    def stat_name(self, target: ContentKey | JobBlob, epoch: int | None = None) -> tuple[int, bytes] | None:
         return None
 
     def names(self, job: bytes) -> list[str]:
@@ -535,6 +537,7 @@ class FileSystemBlobStore:
         self.location = files.location
         self._keys = LockTable()
         self._jobs = LockTable()
+        self._recorded = RecordedNames()
 
     # --- paths ------------------------------------------------------------------------------
 
@@ -555,7 +558,7 @@ class FileSystemBlobStore:
     def put(self, source: Path, key: bytes, target: JobBlob | None, epoch: int = 0) -> None:
         k = key.hex()
         size = source.stat().st_size
-        if target is not None and self._holds_already(size, k, target, epoch):
+        if target is not None and self._holds_already(size, key, target, epoch):
             return
         with self._keys.hold(key):
             # An object of the wrong size is the debris of a write that never finished.
@@ -564,29 +567,32 @@ class FileSystemBlobStore:
             else:
                 self.files.write_bytes(f"{self._key_dir(k)}/{self._ref(target)}", b"")
         if target is not None:
-            self._record(key, target, epoch)
+            self._record(key, size, target, epoch)
 
     def adopt(self, key: bytes, target: JobBlob, epoch: int = 0) -> int | None:
         """Name ``target`` the object of ``key`` that the store holds already, whoever wrote
         it (a task's state file, :mod:`blobsvc.ha.writes`), without reading a byte of it:
         its size, or None when the store has no such object. Its bytes are as trustworthy as
         whoever could write to the store: every reader verifies them."""
+        known = self._recorded.get(target.job, _name_hash(target.name))
+        if known is not None and (known.key, known.epoch) == (key, epoch):
+            return known.size
         k = key.hex()
         size = self.files.size(self._object(k))
         if size is None:
             return None
-        if self._holds_already(size, k, target, epoch):
+        if self._holds_already(size, key, target, epoch):
             return size
         with self._keys.hold(key):
             if self.files.size(self._object(k)) != size:  # collected, or swept, since
                 return None
             self.files.write_bytes(f"{self._key_dir(k)}/{self._ref(target)}", b"")
-        self._record(key, target, epoch)
+        self._record(key, size, target, epoch)
         return size
 
-    def _record(self, key: bytes, target: JobBlob, epoch: int) -> None:
-        """Write the name record of ``target`` naming ``key`` (whose object and ref are
-        durable), then drop the name's older records."""
+    def _record(self, key: bytes, size: int, target: JobBlob, epoch: int) -> None:
+        """Write the name record of ``target`` naming ``key`` (whose object, of ``size``
+        bytes, and ref are durable), then drop the name's older records."""
         k = key.hex()
         name = _Name(target.job, _name_hash(target.name))
         with self._jobs.hold(target.job):
@@ -601,25 +607,33 @@ class FileSystemBlobStore:
             except FileExistsError:
                 raise NotLeader(f"another writer took the name record {name.path(order)}; not written") from None
             self._drop_older(name, order, key)
+            self._recorded.remember(name.job, name.hash, Recorded(key, size, epoch))
 
-    def _holds_already(self, size: int, k: str, target: JobBlob, epoch: int) -> bool:
-        """Whether the store holds ``target`` as key ``k`` by a record of this writer's own
+    def _holds_already(self, size: int, key: bytes, target: JobBlob, epoch: int) -> bool:
+        """Whether the store holds ``target`` as ``key`` by a record of this writer's own
         ``epoch``, with the object whole and this name's ref: a name written again (a
-        checkpoint LINKs every unchanged state file each time) then costs a few reads, no
-        write or fsync. Only a record of this epoch will do: after one of an older epoch, a
-        deposed leader could still add a record above it, so a new one is written."""
+        checkpoint LINKs every unchanged state file each time) then costs no write or fsync,
+        and no request at all when this writer recorded it (:mod:`._recorded`), else a few
+        reads. Only a record of this epoch will do: after one of an older epoch, a deposed
+        leader could still add a record above it, so a new one is written."""
         name = _Name(target.job, _name_hash(target.name))
+        if self._recorded.get(name.job, name.hash) == Recorded(key, size, epoch):
+            return True
+        k = key.hex()
         with self._jobs.hold(target.job):
             orders = self._orders(name)
             if not orders or orders[-1][0] != epoch or orders[-1][1] == _EARLIER_LAYOUT:
                 return False
             record = self._read_quietly(name.path(orders[-1]))
-        return (
+        held = (
             record is not None
-            and record.key.hex() == k
+            and record.key == key
             and self.files.size(f"{self._key_dir(k)}/{self._ref(target)}") is not None
             and self.files.size(self._object(k)) == size
         )
+        if held:
+            self._recorded.remember(name.job, name.hash, Recorded(key, size, epoch))
+        return held
 
     def _drop_older(self, name: _Name, order: Order, key: bytes) -> None:
         """Remove a name's records ordered before ``order`` (whose record, naming ``key``, is
@@ -700,10 +714,15 @@ class FileSystemBlobStore:
     def size_of(self, key: bytes) -> int | None:
         return self.files.size(self._object(key.hex()))
 
-    def stat_name(self, target: ContentKey | JobBlob) -> tuple[int, bytes] | None:
+    def stat_name(self, target: ContentKey | JobBlob, epoch: int | None = None) -> tuple[int, bytes] | None:
         """The size and key of ``target`` as the store holds it: its newest record and its
-        object's size, no byte read (the bytes are verified by whoever reads them). None
-        when the store has no such name, or has lost its bytes."""
+        object's size, no byte read (the bytes are verified by whoever reads them), or what
+        this writer recorded under ``epoch`` (no request). None when the store has no such
+        name, or has lost its bytes."""
+        if isinstance(target, JobBlob) and epoch is not None:
+            known = self._recorded.get(target.job, _name_hash(target.name))
+            if known is not None and known.epoch == epoch:
+                return known.size, known.key
         key = self.key_of(target)
         size = None if key is None else self.size_of(key)
         return None if key is None or size is None else (size, key)
@@ -727,6 +746,7 @@ class FileSystemBlobStore:
 
     def _quarantine(self, path: str, k: str) -> None:
         """Move a damaged copy aside, so the next PUT of these bytes writes them afresh."""
+        self._recorded.forget_key(bytes.fromhex(k))
         with self._keys.hold(bytes.fromhex(k)), contextlib.suppress(OSError):
             self.files.move(path, f"corrupt/{k}-{int(time.time())}")
 
@@ -758,7 +778,10 @@ class FileSystemBlobStore:
         job = target.job
         hashes = {_name_hash(target.name)} if isinstance(target, JobBlob) else self._name_hashes(job)
         with self._jobs.hold(job):
+            if isinstance(target, WholeJob):
+                self._recorded.forget(job)
             for name_hash in hashes:
+                self._recorded.forget(job, name_hash)
                 name = _Name(job, name_hash)
                 orders = self._orders(name)
                 held = self._keys_named(name, orders)

@@ -161,7 +161,8 @@ class TaskCheckpoints:
         earlier checkpoint are neither read, known by the stamps remembered beside the state,
         nor sent) and return the handle for the driver to acknowledge. Files whose names match
         a pattern of ``immutable`` (``"*.sst"``) never change once written."""
-        return self._store(cached=False).snapshot(str(task), source, immutable=immutable)
+        store_writes = _settings(self.options).store_writes  # spark.blobsvc.storeWrites
+        return self._store(cached=False).snapshot(str(task), source, immutable=immutable, store_writes=store_writes)
 
     def restore(self, task: int | str, dest: str | os.PathLike[str], *, writable: bool = False) -> Path | None:
         """Write ``task``'s state at ``restore_from`` at ``dest`` (which must not exist, or be
@@ -185,11 +186,15 @@ _lock = threading.Lock()
 _clients: dict[CacheOptions, BlobClient] = {}
 
 
+def _settings(options: CacheOptions) -> Settings:
+    """The executor's settings under the driver's conf."""
+    return Settings.load({**dict(options.conf), "server": options.server})
+
+
 def _client(options: CacheOptions) -> BlobClient:
-    """One client per process and server: the executor's settings under the driver's conf."""
+    """One client per process and server."""
     with _lock:
         client = _clients.get(options)
         if client is None:
-            settings = Settings.load({**dict(options.conf), "server": options.server})
-            client = _clients[options] = BlobClient.from_settings(settings)
+            client = _clients[options] = BlobClient.from_settings(_settings(options))
         return client

@@ -30,6 +30,7 @@ CONF_KEYS = {
     "cleanup_interval": "spark.blobsvc.cleanupInterval",
     "cache_max_bytes": "spark.blobsvc.cacheMaxBytes",
     "store_reads": "spark.blobsvc.storeReads",
+    "store_writes": "spark.blobsvc.storeWrites",
     "http_port": "spark.blobsvc.httpPort",
     "agent_url": "spark.blobsvc.agent",
     "tls_ca": "spark.blobsvc.tlsCa",
