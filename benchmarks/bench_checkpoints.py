@@ -14,9 +14,10 @@ other on the same state, the order turning from checkpoint to checkpoint:
 * ``standalone``: each task snapshots its directory (``CheckpointStore.snapshot``) against a
   standalone ``blobsvc serve``; the driver acknowledges the handles and completes it;
 * ``zookeeper``: the same against a zookeeper-mode leader (a real ZooKeeper from
-  ``scripts/zookeeper``, its HA store a directory);
+  ``scripts/zookeeper``, its HA store a directory, which the tasks write new files into);
 * ``zookeeper-s3``: the same against a second zookeeper-mode leader whose HA store is the S3
-  bucket: the state crosses that server on its way to the bucket;
+  bucket: the tasks write their new files into the bucket themselves (store writes), the
+  server gets names;
 * ``directory``: each task copies its whole directory through fsspec to a shared directory
   (``checkpoint-<n>/task-<i>``), the driver writes a ``_COMPLETED`` marker and removes the
   previous checkpoint: what pipelines do by hand today;

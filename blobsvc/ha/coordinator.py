@@ -2,9 +2,11 @@
 
 :Status: Production.
 
-The server asks four questions and nothing more: *may I serve?* (:meth:`check`), *store
-this durably* (:meth:`store`), *may I acknowledge?* (:meth:`acknowledge`), and *fetch what
-I lack* (:meth:`recover`). :class:`Standalone` answers yes, done, yes, nothing.
+The server asks a few questions and nothing more: *may I serve?* (:meth:`check`), *store
+this durably* (:meth:`store`, :meth:`link`), *may I acknowledge?* (:meth:`acknowledge`),
+*fetch what I lack* (:meth:`recover`), and of content only the HA store holds, *name it
+there* (:meth:`adopt`) and *what is it?* (:meth:`stat_stored`), neither reading its bytes.
+:class:`Standalone` answers yes, done, yes, nothing, no and nothing.
 
 Session loss, in :class:`ZooKeeperHA` (the rules themselves live in :mod:`.leader`): while
 the session is SUSPENDED or LOST, or on a standby, :meth:`check` answers NOT_LEADER, so no

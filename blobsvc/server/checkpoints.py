@@ -23,8 +23,10 @@ the server keeps them; the records themselves are the recovery mode's
 2. **Complete only what is whole.** ``complete`` reads the checkpoint's metadata blob, checks
    its bytes against the key the coordinator names (a damaged or replaced blob is refused),
    and checks that every state file it references is there under ``state/<key>`` with that
-   content. Only then is the record added; a checkpoint whose state is not all there is
-   refused, and stays invisible.
+   key and size: on this server's disk (hashed when received), or else in the HA store (a
+   task wrote it there: its record and size, the bytes verified by whoever reads them).
+   Only then is the record added; a checkpoint whose state is not all there is refused, and
+   stays invisible.
 3. **Add first, subsume after.** The record is durable (fsynced file, or ZooKeeper node)
    before the checkpoints the pipeline's retention policy no longer keeps are subsumed
    (:mod:`blobsvc.server.checkpoint_retention`): if adding fails, nothing retained is lost.
