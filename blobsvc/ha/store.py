@@ -46,9 +46,10 @@ Durability: a local directory (a path, or a ``file://`` URL) writes a temporary 
 the final one, fsyncs it, renames it into place and fsyncs the directory, so a crash leaves
 no partial file under a final name; the next write of that object removes a crashed copy's
 temporary file. Other fsspec filesystems have neither fsync nor atomic rename (and
-S3 no rename at all), so there the final key is written directly and its size checked
-afterwards. Either way every read hashes the bytes and refuses a copy whose digest is not
-its key: a damaged copy is never served.
+S3 no rename at all), so there the final key is written directly, and its size checked
+afterwards unless the store is an object store (whose PUTs are atomic). Either way every
+read hashes the bytes and refuses a copy whose digest is not its key: a damaged copy is
+never served.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ __all__ = [
 log = logging.getLogger("blobsvc.ha")
 
 CHUNK = 1 << 20
+# A file a writer sends to an fsspec store in one request, held in memory: checked whole
+# before it is sent, and an object store's multipart upload costs more requests below this.
+WHOLE_WRITE_LIMIT = 32 << 20
 _CONTENT_REF = "content"
 _DATA = "data"  # never a ref's name: refs are "content" or "<job hex>-<name hash hex>"
 _TEMP_PREFIX = ".tmp-"  # listings skip dot files
@@ -188,11 +192,12 @@ class _Files(Protocol):
         """Write a new file at ``path``, durable before it returns; :class:`FileExistsError`
         (and nothing written) when there is one."""
 
-    def write_checked(self, path: str, chunks: Iterable[bytes], check: Callable[[], object]) -> None:
-        """Write ``chunks`` as the file at ``path``, calling ``check`` once all are written
-        (it raises to refuse them): before the file appears under ``path`` where the store
-        can promise that (a rename), else just after, the file then removed. Written by a
-        writer that holds none of the store's locks: it leaves others' temporary files be."""
+    def write_checked(self, path: str, chunks: Iterable[bytes], check: Callable[[], object], size: int) -> None:
+        """Write ``chunks`` (``size`` bytes) as the file at ``path``, calling ``check`` once
+        all are read (it raises to refuse them): before the file appears under ``path``
+        where the store can promise that (a rename; a small file sent whole), else just
+        after, the file then removed. Written by a writer that holds none of the store's
+        locks: it leaves others' temporary files be."""
 
     def chunks(self, path: str, offset: int = 0) -> Iterator[bytes]:
         """The file's bytes from ``offset`` on; :class:`FileNotFoundError` when there is none."""
@@ -275,7 +280,7 @@ class _LocalFiles:
         with self._replacing(path, exclusive=True) as temp:
             temp.write_bytes(data)
 
-    def write_checked(self, path: str, chunks: Iterable[bytes], check: Callable[[], object]) -> None:
+    def write_checked(self, path: str, chunks: Iterable[bytes], check: Callable[[], object], size: int) -> None:
         with self._replacing(path, locked=False) as temp:
             with open(temp, "wb") as f:
                 for chunk in chunks:
@@ -362,6 +367,8 @@ class _FsspecFiles:
         return f"{self.root}/{path}"
 
     def _checked(self, path: str, size: int) -> None:
+        if self.bucketed:  # an object store's PUT is atomic: the object is whole once it is answered
+            return
         written = self.size(path)
         if written != size:
             raise OSError(f"{self.location}/{path}: wrote {size} bytes but the store holds {written}")
@@ -387,9 +394,15 @@ class _FsspecFiles:
         self.fs.pipe_file(full, data, mode="create")
         self._checked(path, len(data))
 
-    def write_checked(self, path: str, chunks: Iterable[bytes], check: Callable[[], object]) -> None:
+    def write_checked(self, path: str, chunks: Iterable[bytes], check: Callable[[], object], size: int) -> None:
         full = self._path(path)
         self._make_parent(full)
+        if size <= WHOLE_WRITE_LIMIT:  # one request, checked before it is sent
+            data = b"".join(chunks)
+            check()
+            self.fs.pipe_file(full, data)
+            self._checked(path, len(data))
+            return
         written = 0
         with self.fs.open(full, "wb") as f:
             for chunk in chunks:
@@ -497,6 +510,7 @@ def _name_hash(name: str) -> str:
 
 
 _ORDER = re.compile("[0-9a-f]{16}-[0-9a-f]{16}")
+MAX_JOBS_REMEMBERED = 100_000  # jobs known to have no record of the earlier layout (16 bytes each)
 _EARLIER_LAYOUT = -1
 """The sequence a name's record in the earlier layout orders at: before any record of its epoch."""
 
@@ -538,6 +552,7 @@ class FileSystemBlobStore:
         self._keys = LockTable()
         self._jobs = LockTable()
         self._recorded = RecordedNames()
+        self._without_earlier: set[bytes] = set()  # jobs known to have no record of the earlier layout
 
     # --- paths ------------------------------------------------------------------------------
 
@@ -578,21 +593,19 @@ class FileSystemBlobStore:
         if known is not None and (known.key, known.epoch) == (key, epoch):
             return known.size
         k = key.hex()
-        size = self.files.size(self._object(k))
-        if size is None:
-            return None
-        if self._holds_already(size, key, target, epoch):
-            return size
         with self._keys.hold(key):
-            if self.files.size(self._object(k)) != size:  # collected, or swept, since
+            size = self.files.size(self._object(k))
+            if size is None:
                 return None
+            # The ref in the same hold as the size: no collection takes the object between them.
             self.files.write_bytes(f"{self._key_dir(k)}/{self._ref(target)}", b"")
-        self._record(key, size, target, epoch)
+        self._record(key, size, target, epoch, unless_newest=True)
         return size
 
-    def _record(self, key: bytes, size: int, target: JobBlob, epoch: int) -> None:
+    def _record(self, key: bytes, size: int, target: JobBlob, epoch: int, *, unless_newest: bool = False) -> None:
         """Write the name record of ``target`` naming ``key`` (whose object, of ``size``
-        bytes, and ref are durable), then drop the name's older records."""
+        bytes, and ref are durable), then drop the name's older records; ``unless_newest``,
+        nothing when the name's newest record is this epoch's and names ``key`` already."""
         k = key.hex()
         name = _Name(target.job, _name_hash(target.name))
         with self._jobs.hold(target.job):
@@ -601,24 +614,29 @@ class FileSystemBlobStore:
             if newest[0] > epoch:
                 # A deposed leader finishing a slow write: the newer leader's name stands.
                 raise NotLeader(f"a newer leader (epoch {newest[0]}) wrote this name; not overwritten")
+            if unless_newest and orders and newest[0] == epoch and newest[1] != _EARLIER_LAYOUT:
+                record = self._read_quietly(name.path(newest))
+                if record is not None and record.key == key:
+                    self._recorded.remember(name.job, name.hash, Recorded(key, size, epoch))
+                    return
             order = (epoch, newest[1] + 1 if newest[0] == epoch else 0)
             try:
                 self.files.create_bytes(name.path(order), f"{k}\n{epoch}\n{target.name}".encode())
             except FileExistsError:
                 raise NotLeader(f"another writer took the name record {name.path(order)}; not written") from None
-            self._drop_older(name, order, key)
+            if orders:  # a new name has no older record to drop (a deposed leader's, added since, is never read)
+                self._drop_older(name, order, key)
             self._recorded.remember(name.job, name.hash, Recorded(key, size, epoch))
 
     def _holds_already(self, size: int, key: bytes, target: JobBlob, epoch: int) -> bool:
         """Whether the store holds ``target`` as ``key`` by a record of this writer's own
         ``epoch``, with the object whole and this name's ref: a name written again (a
-        checkpoint LINKs every unchanged state file each time) then costs no write or fsync,
-        and no request at all when this writer recorded it (:mod:`._recorded`), else a few
-        reads. Only a record of this epoch will do: after one of an older epoch, a deposed
-        leader could still add a record above it, so a new one is written."""
+        checkpoint LINKs every unchanged state file each time) then costs a few reads, no
+        write or fsync. The object's size is read every time, not taken from this writer's
+        memory: the caller has the bytes, and writes them again if they went. Only a record
+        of this epoch will do: after one of an older epoch, a deposed leader could still add
+        a record above it, so a new one is written."""
         name = _Name(target.job, _name_hash(target.name))
-        if self._recorded.get(name.job, name.hash) == Recorded(key, size, epoch):
-            return True
         k = key.hex()
         with self._jobs.hold(target.job):
             orders = self._orders(name)
@@ -664,10 +682,22 @@ class FileSystemBlobStore:
             epoch, _, sequence = entry.partition("-")
             if _ORDER.fullmatch(entry):
                 found.append((int(epoch, 16), int(sequence, 16)))
-        if self.files.size(name.earlier) is not None:
+        if self._may_have_earlier(name.job) and self.files.size(name.earlier) is not None:
             earlier = self._read_quietly(name.earlier)
             found.append((-1 if earlier is None else earlier.epoch, _EARLIER_LAYOUT))
         return sorted(found)
+
+    def _may_have_earlier(self, job: bytes) -> bool:
+        """Whether ``job`` may have records in the earlier layout: this blobsvc writes none,
+        so a job found without them once never has any (a request saved per name read)."""
+        if job in self._without_earlier:
+            return False
+        if self.files.listdir(f"jobs/{job.hex()}"):
+            return True
+        if len(self._without_earlier) >= MAX_JOBS_REMEMBERED:
+            self._without_earlier.clear()
+        self._without_earlier.add(job)
+        return False
 
     def _read_record(self, record: str) -> _Record | None:
         """What a name record holds; None when there is no record."""
@@ -764,7 +794,10 @@ class FileSystemBlobStore:
 
     def _name_hashes(self, job: bytes) -> set[str]:
         """The hashes of the names ``job`` has records of, in either layout."""
-        return set(self.files.listdir(f"names/{job.hex()}")) | set(self.files.listdir(f"jobs/{job.hex()}"))
+        earlier = set(self.files.listdir(f"jobs/{job.hex()}"))
+        if earlier:  # left by a write cut short after its new record: read them again
+            self._without_earlier.discard(job)
+        return set(self.files.listdir(f"names/{job.hex()}")) | earlier
 
     def count(self) -> int:
         return sum(len(self.files.listdir(f"objects/{prefix}")) for prefix in self.files.listdir("objects"))

@@ -26,6 +26,7 @@ Rules:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ class StoreWriter:
 
         with reading:
             try:
-                self._files.write_checked(object_path(key.hex()), chunks(), check)
+                self._files.write_checked(object_path(key.hex()), chunks(), check, os.fstat(reading.fileno()).st_size)
             except StateChanged:
                 raise
             except Exception as exc:  # OSError, or a backend's own (botocore's are not OSErrors)
