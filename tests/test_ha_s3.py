@@ -34,6 +34,7 @@ from blobsvc import BlobCache, BlobClient, InternalError, new_job_id
 from blobsvc.checkpoints import CheckpointStore
 from blobsvc.files import _stamps
 from blobsvc.ha.store import object_path, open_blob_store
+from blobsvc.ha.writes import StateChanged, StoreWriter
 from blobsvc.wire._protocol import JobBlob
 
 pytestmark = pytest.mark.timeout(180)
@@ -403,3 +404,16 @@ def test_a_task_that_cannot_write_the_store_sends_its_state_to_the_server_loggin
                 pending.acknowledge(str(task_id), handle)
         restored = store.restore(pending.id, handles[0], tmp_path / "restored")
     assert {p.name: p.read_bytes() for p in restored.iterdir()} == contents
+
+
+@pytest.mark.parametrize("size", [1 << 20, 40 << 20], ids=["sent-whole", "multipart"])
+def test_a_task_never_leaves_bytes_in_the_bucket_that_do_not_hash_to_their_key(
+    bucket: str, tmp_path: Path, size: int
+) -> None:
+    """A file that changed after it was hashed: refused before it is sent (small), or removed
+    at once after its multipart upload (large): the bucket holds nothing under the key."""
+    (tmp_path / "state").write_bytes(os.urandom(size))
+    key = blake3.blake3(b"what the file held when it was hashed").digest()
+    with pytest.raises(StateChanged, match="changed while it was written"):
+        StoreWriter(f"{bucket}/ha").write(key, tmp_path / "state")
+    assert s3().find(bucket.removeprefix("s3://"), refresh=True) == []

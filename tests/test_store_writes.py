@@ -102,6 +102,8 @@ def test_new_state_goes_to_the_store_and_the_server_receives_only_names_and_meta
             restored = CheckpointStore(client, "pipe", cache=cache).restore(pending.id, again, tmp_path / "restored")
             assert cache.stats().bytes_from_store == 8 * MiB
         assert {path.name: path.read_bytes() for path in restored.iterdir()} == state
+        # The caches' STATs were answered from the store's records: the leader read no state.
+        assert all(path.stat().st_size < MiB for path in local_objects(leader.data_dir))
         # Through the server (no cache): it reads the store, verified, on demand.
         served = store.restore(pending.id, again, tmp_path / "served")
         assert {path.name: path.read_bytes() for path in served.iterdir()} == state
@@ -216,3 +218,35 @@ def test_a_sweep_removes_only_objects_no_name_holds_that_are_older_than_its_grac
     assert store.size_of(files["young orphan"]) == len(b"young orphan") * 100
     assert store.size_of(files["linked"]) == len(b"linked") * 100
     assert not (tmp_path / "store" / object_path(files["orphan"].hex())).parent.exists()
+
+
+def test_a_writer_leaves_the_temporary_files_of_other_writers_be(tmp_path: Path) -> None:
+    """A task holds none of the leader's locks: a temporary file beside the object it writes
+    may be the leader's own write in progress."""
+    data = b"state" * 1000
+    (tmp_path / "state").write_bytes(data)
+    key = blake3.blake3(data).digest()
+    others = tmp_path / "store" / object_path(key.hex())
+    others.parent.mkdir(parents=True)
+    (others.parent / ".tmp-the-leaders").write_bytes(b"being written")
+    StoreWriter(str(tmp_path / "store")).write(key, tmp_path / "state")
+    assert others.read_bytes() == data
+    assert (others.parent / ".tmp-the-leaders").read_bytes() == b"being written"
+
+
+def test_the_leaders_memory_of_names_holds_only_under_its_epoch_and_forgets_a_damaged_copy(tmp_path: Path) -> None:
+    store = open_blob_store(tmp_path / "store")
+    data = b"state" * 1000
+    (tmp_path / "state").write_bytes(data)
+    key = blake3.blake3(data).digest()
+    StoreWriter(str(tmp_path / "store")).write(key, tmp_path / "state")
+    name = JobBlob(bytes.fromhex(new_job_id()), state_name(key))
+    assert store.adopt(key, name, epoch=3) == len(data)
+    stored = tmp_path / "store" / object_path(key.hex())
+    stored.unlink()  # gone behind the leader's back (another leader, a hand in the store)
+    assert store.stat_name(name, epoch=3) == (len(data), key), "answered from memory under its epoch"
+    assert store.stat_name(name, epoch=4) is None, "under another epoch, the store is asked"
+    stored.write_bytes(b"x" * len(data))  # same size, other bytes
+    with pytest.raises(DigestMismatch):
+        store.fetch(name, lambda chunk: None)  # moved to corrupt/
+    assert store.stat_name(name, epoch=3) is None, "a damaged copy's names are forgotten"
