@@ -87,11 +87,26 @@ def test_an_abort_is_final(client: BlobClient) -> None:
     epoch = request(client, "register")["epoch"]
     checkpoint_id = request(client, "trigger", epoch=epoch, timeout=30)["id"]
     key = put_metadata(client, checkpoint_id)
-    request(client, "abort", id=checkpoint_id)
+    request(client, "abort", epoch=epoch, id=checkpoint_id)
     with pytest.raises(NotFound, match="aborted"):
         complete(client, epoch, checkpoint_id, key)
     assert completed_ids(client) == []
     assert request(client, "trigger", epoch=epoch, timeout=30)["id"] > checkpoint_id  # ids only go up
+
+
+def test_only_the_coordinator_that_triggered_a_checkpoint_aborts_it(client: BlobClient) -> None:
+    old = request(client, "register")["epoch"]
+    stale = request(client, "trigger", epoch=old, timeout=30)["id"]
+    new = request(client, "register")["epoch"]
+    checkpoint_id = request(client, "trigger", epoch=new, timeout=30)["id"]
+    with pytest.raises(Fenced):  # a replaced coordinator, cleaning up late
+        request(client, "abort", epoch=old, id=checkpoint_id)
+    with pytest.raises(BadRequest, match="epoch"):
+        request(client, "abort", id=checkpoint_id)
+    assert request(client, "list")["pending"] == [checkpoint_id]
+    request(client, "abort", epoch=new, id=stale)  # forgotten at the new registration: aborted already
+    request(client, "abort", epoch=new, id=checkpoint_id)
+    assert request(client, "list")["pending"] == []
 
 
 def test_a_checkpoint_past_its_deadline_never_completes(client: BlobClient) -> None:

@@ -128,7 +128,9 @@ def test_what_a_coordinator_reports_is_bounded_and_checked(store: CheckpointStor
     epoch = store.coordinator.epoch
     request = {"action": "trigger", "pipeline": "hist", "epoch": epoch, "timeout": 30}
     lying = store.client.checkpoints({**request, "expected": 10**12})["id"]
-    store.client.checkpoints({"action": "abort", "pipeline": "hist", "id": lying, "reason": "x" * 10_000})
+    store.client.checkpoints(
+        {"action": "abort", "pipeline": "hist", "epoch": epoch, "id": lying, "reason": "x" * 10_000}
+    )
     odd = store.client.checkpoints({**request, "expected": "eight"})["id"]
     history = {entry["id"]: entry for entry in store.history()}
     assert history[lying]["expected"] is None and len(history[lying]["reason"]) == 500

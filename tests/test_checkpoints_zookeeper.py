@@ -269,7 +269,7 @@ def test_the_leader_decides_each_checkpoints_life_from_its_zookeeper_records(
         assert request(client, "list")["pending"] == [savepoint]
         with pytest.raises(NotFound):
             complete(client, epoch, older, put_metadata(client, older))
-        request(client, "abort", id=savepoint)
+        request(client, "abort", epoch=epoch, id=savepoint)
         aborted = client.status()["checkpoints_aborted"]
         request(client, "trigger", epoch=epoch, timeout=0.5)  # and its coordinator says no more
         deadline = time.monotonic() + 15

@@ -192,7 +192,9 @@ class CheckpointCoordinator:
             return
         self.failures.failed(self.pipeline, pending.id, reason)
         try:
-            self.client.checkpoints({"action": "abort", "pipeline": self.pipeline, "id": pending.id, "reason": reason})
+            self.client.checkpoints(
+                {"action": "abort", "pipeline": self.pipeline, "epoch": self.epoch, "id": pending.id, "reason": reason}
+            )
         except BlobError as exc:
             log.warning(
                 "pipeline %s: could not tell the server checkpoint %d aborted: %s", self.pipeline, pending.id, exc

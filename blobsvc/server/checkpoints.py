@@ -233,7 +233,9 @@ class Checkpoints:
                 async with self._lock(pipeline):
                     return await self._complete(pipeline, request)
             case "abort":
-                return await self._abort(pipeline, _integer(request, "id"), _reason(request))
+                return await self._abort(
+                    pipeline, _integer(request, "epoch"), _integer(request, "id"), _reason(request)
+                )
             case "list":
                 return await self._list(pipeline)
             case "delete":
@@ -453,9 +455,13 @@ class Checkpoints:
             log.info("pipeline %s: subsumed checkpoints %s", pipeline, subsumed)
         return subsumed
 
-    async def _abort(self, pipeline: str, checkpoint_id: int, reason: str) -> dict[str, Any]:
+    async def _abort(self, pipeline: str, epoch: int, checkpoint_id: int, reason: str) -> dict[str, Any]:
+        """Abort a pending checkpoint for the coordinator that triggered it: FENCED for any
+        other (a replaced coordinator cannot abort its successor's checkpoints). An id not
+        pending is aborted already."""
         async with self._lock(pipeline):
-            if checkpoint_id in await self._records_call(self.records.pending, pipeline):
+            await self._check_writer(pipeline, epoch)
+            if await self._pending_entry(pipeline, epoch, checkpoint_id) is not None:
                 await self._records_call(self.records.remove_pending, pipeline, [checkpoint_id])
                 self.counts["aborted"] += 1
                 self.stats.aborted(pipeline, checkpoint_id, reason, time.time())
