@@ -22,6 +22,11 @@ Layout under ``<root>`` (one root per cluster id)::
 Executor hosts read ``objects/`` too (:mod:`blobsvc.ha.reads`: by key, never a name record,
 never a write), which is why an object appears only complete under its final name where the
 store can promise it (a rename; an S3 PUT), and why readers verify what they read anyway.
+Tasks write checkpoint state into ``objects/`` (:mod:`blobsvc.ha.writes`: an object's
+``data``, never a ref or a record); the leader names such an object without reading it
+(:meth:`FileSystemBlobStore.adopt`), and sweeps one that no ref holds an hour after it was
+written (:meth:`FileSystemBlobStore.sweep`). The leader remembers what it recorded under its
+epoch (:mod:`._recorded`), so a name linked again costs no request.
 
 Writes go object, then ref, then name record, and deletes the other way round, so a crash
 between steps leaves an unreferenced object or ref (space, never a dangling name). A write
