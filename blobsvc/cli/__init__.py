@@ -38,6 +38,7 @@ from ..driver import _conf_defaults
 from ._cache_cli import cache
 from ._checkpoints_cli import checkpoints_group
 from ._cli_settings import CONFIG_HELP, config_option, given_before, load_settings, setting_help, setting_option
+from ._http_face import http_face, http_face_options
 from ._text import when
 from ._ui_cli import ui
 
@@ -547,18 +548,11 @@ def _print_infos(infos: list[BlobInfo], as_json: bool) -> None:
 
 @main.command()
 @blob_options(name_help="Name of the blob within --job (with KEY: the file name the URL ends with).")
-@click.option(
-    "--http-url",
-    help="Base URL of the server's HTTP face, e.g. http://blobs.example.org:6180 "
-    "(default: http://<--server host>:<--http-port>, https:// when tls_ca is set).",
-)
+@http_face_options
 @click.option(
     "--expires-in", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
     help="Seconds a signed URL stays valid.",
 )  # fmt: skip
-@setting_option("server", "-s")
-@setting_option("http_port")
-@setting_option("secret_file", type=click.Path(dir_okay=False, exists=True))
 @click.pass_context
 def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | None, http_url: str | None,
         expires_in: float, **options: Any) -> None:  # fmt: skip
@@ -568,14 +562,11 @@ def url(ctx: click.Context, /, key: str | None, job: str | None, name: str | Non
     """
     from ..http import blob_url
 
-    settings = load_settings(ctx, options)
     if key is None and (job is None or name is None):
         raise click.UsageError("name the blob with a KEY, or --job and --name")
     if key is not None and job is not None:
         raise click.UsageError("give a KEY or --job, not both")
-    http_url = http_url or settings.http_url
-    if http_url is None:
-        raise click.UsageError("give --http-url, or --http-port (one port) to go with --server's host")
+    http_url, settings = http_face(ctx, options, http_url)
     try:
         click.echo(blob_url(http_url, key=key, job=job, name=name, secret=settings.secret(), expires_in=expires_in))
     except ValueError as exc:
